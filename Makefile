@@ -1,0 +1,45 @@
+# quantpipe: `make repro` runs the pipeline, `make test` the tests. Both set up the environment
+# first: the active virtualenv when VIRTUAL_ENV is set, otherwise ./.venv (created here).
+SHELL := /bin/bash
+.DEFAULT_GOAL := repro
+
+VENV := $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV),$(CURDIR)/.venv)
+BIN := $(VENV)/bin
+# The install is redone only when the pinned requirements change (the stamp names their hash).
+REQ_HASH := $(shell cat requirements.txt constraints.txt | sha256sum | cut -c1-16)
+STAMP := $(VENV)/.quantpipe-deps-$(REQ_HASH)
+# dvc.yaml runs `python stages/...`: the environment's python must come first on PATH.
+export PATH := $(BIN):$(PATH)
+export DVC_NO_ANALYTICS := 1
+REV ?= main
+
+.PHONY: env repro test diff plots clean
+
+env: $(STAMP)
+
+$(STAMP): requirements.txt constraints.txt
+	@test -x $(BIN)/python || python3 -m venv $(VENV)
+	$(BIN)/python -m pip install --disable-pip-version-check -q -r requirements.txt -c constraints.txt
+	@rm -f $(VENV)/.quantpipe-deps-* && touch $@
+
+repro: env
+	dvc repro
+	@echo
+	@cat metrics/report.md
+	@echo "Outputs: data/ (splits, calibration), models/ (model.pt, exported/fp32/dynamic/static .onnx),"
+	@echo "         metrics/ (summary.json, report.md, per-stage JSON). Compare with: make diff"
+
+test: env
+	python -m pytest -q tests
+
+# Code review: metrics and params of the work tree against REV (default main).
+diff: env
+	dvc metrics diff --md $(REV)
+	dvc params diff --md $(REV)
+
+plots: env
+	dvc plots show -o plots
+	@echo "open plots/index.html"
+
+clean:
+	rm -rf .venv plots .pytest_cache

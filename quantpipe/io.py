@@ -1,0 +1,71 @@
+"""Atomic file output and the stage entry point.
+
+Every stage writes to a temporary sibling and renames it into place at the end, so a stage
+killed half-way never leaves a file that a later `dvc repro` would take as finished.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Callable, Iterator
+
+from quantpipe.errors import UserError
+
+
+@contextlib.contextmanager
+def atomic_path(path: Path | str, is_dir: bool = False) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; on success rename it over `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    target = tmp if is_dir else tmp / path.name
+    try:
+        yield target
+        if is_dir:
+            if path.exists():
+                shutil.rmtree(path)
+            os.replace(target, path)
+        else:
+            os.replace(target, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_bytes(path: Path | str, data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def write_json(path: Path | str, obj: object) -> None:
+    # Sorted keys and a trailing newline keep `git diff` of metrics readable and stable.
+    write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+
+def read_json(path: Path | str) -> dict:
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path}: not found; run the stage that writes it (dvc repro)") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}: not valid JSON ({e}); re-run the stage that writes it") from None
+
+
+def run_stage(main: Callable[[], None]) -> None:
+    """Run a stage's main(): a UserError becomes one line on stderr and exit code 2.
+
+    Set QUANTPIPE_DEBUG=1 to get the full traceback instead.
+    """
+    try:
+        main()
+    except UserError as e:
+        if os.environ.get("QUANTPIPE_DEBUG") == "1":
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

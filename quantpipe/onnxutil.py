@@ -1,0 +1,116 @@
+"""ONNX helpers: export from PyTorch, load and check, ORT sessions, batched inference, graph stats."""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from quantpipe.errors import UserError
+
+INPUT_NAME = "input"
+OUTPUT_NAME = "logits"
+
+
+def export_onnx(model, input_shape: tuple[int, int, int], opset: int) -> onnx.ModelProto:
+    """torch.onnx.export (dynamo) of an eval-mode model, batch axis dynamic, weights inline.
+
+    Weights stay inside the ModelProto (external_data=False), so one file is one DVC output.
+    """
+    import torch
+
+    model.eval()
+    example = torch.zeros((2, *input_shape), dtype=torch.float32)  # (B, C, S, S); B=2 keeps it symbolic
+    batch = torch.export.Dim("batch", min=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            model, (example,), dynamo=True, external_data=False, opset_version=opset,
+            input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+            dynamic_shapes=({0: batch},), verbose=False)
+    return program.model_proto
+
+
+def load_model(path: Path | str) -> onnx.ModelProto:
+    """Load and check an ONNX file; any failure is a UserError naming the file."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"{path}: not found; run the stage that writes it (dvc repro)")
+    try:
+        model = onnx.load(str(path))
+        onnx.checker.check_model(model)
+    except Exception as e:
+        raise UserError(f"{path}: not a valid ONNX model ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0] if str(e) else ''}); re-create it") from None
+    return model
+
+
+def check_and_serialize(model: onnx.ModelProto, name: str) -> bytes:
+    """onnx.checker on every model the pipeline writes, then its bytes."""
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as e:
+        raise UserError(f"{name}: the produced model fails onnx.checker: {str(e).splitlines()[0]}") from None
+    return model.SerializeToString()
+
+
+def make_session(model: Path | str | bytes, *, level: ort.GraphOptimizationLevel,
+                 threads: int = 0) -> ort.InferenceSession:
+    """A CPU session at the given optimization level; threads=0 lets ORT choose."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = level
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3  # ORT's warnings about unused initializers are noise here
+    source = model if isinstance(model, bytes) else str(model)
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+
+
+def check_input_matches(session: ort.InferenceSession, input_shape: tuple[int, ...],
+                        name: str) -> str:
+    """The model's single float input must accept (B, *input_shape); returns its name."""
+    inputs = session.get_inputs()
+    if len(inputs) != 1:
+        raise UserError(f"{name}: expected one input, found {[i.name for i in inputs]}")
+    spec = inputs[0]
+    if spec.type != "tensor(float)":
+        raise UserError(f"{name}: input {spec.name!r} is {spec.type}, expected tensor(float)")
+    dims = spec.shape[1:]
+    if len(spec.shape) != len(input_shape) + 1 or any(
+            isinstance(d, int) and d != want for d, want in zip(dims, input_shape)):
+        raise UserError(f"{name}: input {spec.name!r} has shape {spec.shape}, but the data is "
+                        f"(batch, {', '.join(map(str, input_shape))})")
+    return spec.name
+
+
+def run_batched(session: ort.InferenceSession, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
+    """Outputs of the first model output for (N, ...) inputs, batch by batch."""
+    name = session.get_inputs()[0].name
+    return np.concatenate([session.run(None, {name: x[i:i + batch_size]})[0]
+                           for i in range(0, len(x), batch_size)])
+
+
+def op_counts(model: onnx.ModelProto) -> dict[str, int]:
+    """Node count per op type, sorted by name for stable metrics diffs."""
+    return dict(sorted(Counter(node.op_type for node in model.graph.node).items()))
+
+
+def max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+
+
+def simplify(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
+    """onnxsim with its own random-input check off: the caller checks parity on real data."""
+    import onnxsim
+
+    try:
+        simplified, ok = onnxsim.simplify(model)
+    except Exception as e:  # onnxsim raises RuntimeError/ValueError from its C++ core
+        raise UserError(f"{name}: onnxsim failed ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+    if not ok:
+        raise UserError(f"{name}: onnxsim could not validate the simplified model")
+    return simplified

@@ -1,0 +1,279 @@
+"""Typed, validated view of params.yaml.
+
+Strings become ONNX Runtime enums here, once; library code only sees enums. Every error names
+the key, the bad value and what is allowed, so a user can fix params.yaml from one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from onnxruntime import GraphOptimizationLevel
+from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType
+
+from quantpipe.errors import UserError
+
+PARAMS_FILE = Path("params.yaml")
+
+# Built in sources need no path; others read prepare.path (issue: bring your own data).
+SOURCES = ("mnist5k",)
+
+
+@dataclass(frozen=True)
+class PrepareParams:
+    source: str = "mnist5k"
+    path: str | None = None
+    # Side of the square images fed to the model (pixels); mnist5k is natively 28.
+    image_size: int = 28
+    # Shares of the whole dataset; the rest is train. Stratified, so each class keeps its share.
+    val_fraction: float = 0.1
+    test_fraction: float = 0.2
+    # Calibration samples drawn from the train split (never test): a few hundred cover the
+    # activation ranges of a small CNN; more only slows Entropy/Percentile calibration.
+    calib_size: int = 256
+
+    def __post_init__(self) -> None:
+        _check(self.source in SOURCES, "prepare.source", self.source, f"one of {list(SOURCES)}")
+        _check(8 <= self.image_size <= 1024, "prepare.image_size", self.image_size, "8..1024")
+        for key in ("val_fraction", "test_fraction"):
+            value = getattr(self, key)
+            _check(0 < value < 0.5, f"prepare.{key}", value, "a number in (0, 0.5)")
+        _check(self.calib_size >= 1, "prepare.calib_size", self.calib_size, "an integer >= 1")
+
+
+@dataclass(frozen=True)
+class TrainParams:
+    # A zoo name (simple_cnn, mnist_net) or a torchvision classification model (resnet18, ...).
+    model: str = "mnist_net"
+    epochs: int = 10
+    batch_size: int = 64
+    lr: float = 1e-3
+    # Random shifts of up to this many pixels: cheap augmentation that lifts a 3,500-image
+    # MNIST training set from ~97% to ~98.5% test accuracy.
+    max_shift: int = 2
+
+    def __post_init__(self) -> None:
+        # The model name itself is checked by quantpipe.models (it needs torchvision).
+        _check(bool(self.model), "train.model", self.model, "a model name such as mnist_net")
+        _check(self.epochs >= 1, "train.epochs", self.epochs, "an integer >= 1")
+        _check(self.batch_size >= 1, "train.batch_size", self.batch_size, "an integer >= 1")
+        _check(0 < self.lr < 10, "train.lr", self.lr, "a number in (0, 10)")
+        _check(0 <= self.max_shift <= 8, "train.max_shift", self.max_shift, "0..8 pixels")
+
+
+@dataclass(frozen=True)
+class ExportParams:
+    # 18 is the lowest opset torch 2.14's dynamo exporter emits without a lossy conversion.
+    opset: int = 18
+    # FP32 ONNX vs PyTorch logits; typical float reordering noise is 1e-6..1e-5.
+    max_abs_diff: float = 1e-4
+
+    def __post_init__(self) -> None:
+        _check(18 <= self.opset <= 23, "export.opset", self.opset, "18..23")
+        _check(self.max_abs_diff > 0, "export.max_abs_diff", self.max_abs_diff, "a number > 0")
+
+
+@dataclass(frozen=True)
+class SimplifyParams:
+    max_abs_diff: float = 1e-4
+
+    def __post_init__(self) -> None:
+        _check(self.max_abs_diff > 0, "simplify.max_abs_diff", self.max_abs_diff, "a number > 0")
+
+
+@dataclass(frozen=True)
+class QuantizeDynamicParams:
+    weight_type: QuantType = QuantType.QInt8
+    per_channel: bool = False
+    reduce_range: bool = False
+    # Conv is left out on purpose: ConvInteger runs 4-5x slower than FP32 Conv on x86.
+    op_types: tuple[str, ...] = ("MatMul", "Gemm")
+    nodes_to_exclude: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class QuantizeStaticParams:
+    # QDQ + U8 activations + S8 weights, per channel: the fast path on x86 (DESIGN.md §3).
+    quant_format: QuantFormat = QuantFormat.QDQ
+    activation_type: QuantType = QuantType.QUInt8
+    weight_type: QuantType = QuantType.QInt8
+    per_channel: bool = True
+    reduce_range: bool = False
+    calibrate_method: CalibrationMethod = CalibrationMethod.MinMax
+    # Samples per calibration batch; Entropy/Percentile keep every batch's activations in memory.
+    calib_batch_size: int = 32
+    nodes_to_exclude: tuple[str, ...] = ()
+    # Empty means every op type ORT can quantize.
+    op_types_to_quantize: tuple[str, ...] = ()
+    extra_options: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check(self.calib_batch_size >= 1, "quantize_static.calib_batch_size",
+               self.calib_batch_size, "an integer >= 1")
+        percentile = self.extra_options.get("CalibPercentile")
+        if percentile is not None:
+            _check(isinstance(percentile, (int, float)) and 0 < percentile <= 100,
+                   "quantize_static.extra_options.CalibPercentile", percentile, "a number in (0, 100]")
+
+
+@dataclass(frozen=True)
+class RuntimeParams:
+    # The level you deploy with: QDQ pairs fuse into QLinear kernels only at EXTENDED or above.
+    graph_optimization_level: GraphOptimizationLevel = GraphOptimizationLevel.ORT_ENABLE_ALL
+
+
+@dataclass(frozen=True)
+class BatchTolerance:
+    """Max |batched - single-sample| logit difference allowed per variant (logit units)."""
+    fp32: float = 1e-3
+    static: float = 1e-3
+    # Dynamic quantization picks activation scales per batch, so each row depends on its
+    # batch-mates by about one quantization step (~0.05 logits here).
+    dynamic: float = 0.25
+
+    def __post_init__(self) -> None:
+        for key in ("fp32", "static", "dynamic"):
+            _check(getattr(self, key) > 0, f"evaluate.batch_consistency_atol.{key}",
+                   getattr(self, key), "a number > 0")
+
+
+@dataclass(frozen=True)
+class EvaluateParams:
+    batch_size: int = 256
+    batch_consistency_atol: BatchTolerance = field(default_factory=BatchTolerance)
+
+    def __post_init__(self) -> None:
+        _check(self.batch_size >= 1, "evaluate.batch_size", self.batch_size, "an integer >= 1")
+
+
+@dataclass(frozen=True)
+class BenchParams:
+    batch_sizes: tuple[int, ...] = (1, 64)
+    # intra-op threads per ORT session; the machine has 2 cores.
+    threads: tuple[int, ...] = (1,)
+    warmup: int = 10
+    # Timed runs per (variant, batch size, threads), split into interleaved rounds.
+    runs: int = 200
+    rounds: int = 5
+
+    def __post_init__(self) -> None:
+        _check(bool(self.batch_sizes) and all(b >= 1 for b in self.batch_sizes),
+               "bench.batch_sizes", list(self.batch_sizes), "a non-empty list of integers >= 1")
+        _check(bool(self.threads) and all(t >= 1 for t in self.threads),
+               "bench.threads", list(self.threads), "a non-empty list of integers >= 1")
+        _check(self.warmup >= 0, "bench.warmup", self.warmup, "an integer >= 0")
+        _check(self.rounds >= 1, "bench.rounds", self.rounds, "an integer >= 1")
+        _check(self.runs >= self.rounds, "bench.runs", self.runs, f"an integer >= bench.rounds ({self.rounds})")
+
+
+@dataclass(frozen=True)
+class GatesParams:
+    max_accuracy_drop_pp: float = 1.0
+    min_static_speedup: float = 1.0
+    # false: a missed gate is a warning in report, not a failure.
+    enforce: bool = True
+
+    def __post_init__(self) -> None:
+        _check(self.max_accuracy_drop_pp >= 0, "gates.max_accuracy_drop_pp",
+               self.max_accuracy_drop_pp, "a number >= 0")
+        _check(self.min_static_speedup >= 0, "gates.min_static_speedup",
+               self.min_static_speedup, "a number >= 0")
+
+
+@dataclass(frozen=True)
+class Params:
+    seed: int = 0
+    prepare: PrepareParams = field(default_factory=PrepareParams)
+    train: TrainParams = field(default_factory=TrainParams)
+    export: ExportParams = field(default_factory=ExportParams)
+    simplify: SimplifyParams = field(default_factory=SimplifyParams)
+    quantize_dynamic: QuantizeDynamicParams = field(default_factory=QuantizeDynamicParams)
+    quantize_static: QuantizeStaticParams = field(default_factory=QuantizeStaticParams)
+    runtime: RuntimeParams = field(default_factory=RuntimeParams)
+    evaluate: EvaluateParams = field(default_factory=EvaluateParams)
+    bench: BenchParams = field(default_factory=BenchParams)
+    gates: GatesParams = field(default_factory=GatesParams)
+
+
+def load_params(path: Path = PARAMS_FILE) -> Params:
+    """Read and validate params.yaml; raise UserError naming the first bad key."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path}: not found; run from the project root") from None
+    except yaml.YAMLError as e:
+        raise UserError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+    return parse_params(raw or {}, source=str(path))
+
+
+def parse_params(raw: dict, source: str = "params") -> Params:
+    """Build Params from a plain mapping (the parsed YAML)."""
+    try:
+        return _build(Params, raw, prefix="")
+    except UserError as e:
+        raise UserError(f"{source}: {e}") from None
+
+
+def _build(cls: type, raw: object, prefix: str):
+    if not isinstance(raw, dict):
+        raise UserError(f"{prefix.rstrip('.') or 'top level'}: expected a mapping, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise UserError(f"unknown key {prefix}{unknown[0]}; allowed keys: {', '.join(fields)}")
+    values = {name: _convert(hints[name], raw[name], prefix + name)
+              for name in fields if name in raw}
+    return cls(**values)
+
+
+def _convert(hint, value, key: str):
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, prefix=key + ".")
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _convert(inner, value, key)
+    if isinstance(hint, type) and hasattr(hint, "__members__"):  # Python and pybind11 enums
+        names = list(hint.__members__)
+        if not isinstance(value, str) or value not in names:
+            raise UserError(f"{key} = {value!r} is not allowed; use one of {names}")
+        return hint.__members__[value]
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise UserError(f"{key} = {value!r}: expected a list")
+        return tuple(_convert(args[0], v, f"{key}[{i}]") for i, v in enumerate(value))
+    if hint is dict or origin is dict:
+        if not isinstance(value, dict):
+            raise UserError(f"{key} = {value!r}: expected a mapping")
+        return dict(value)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise UserError(f"{key} = {value!r}: expected true or false")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise UserError(f"{key} = {value!r}: expected an integer")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UserError(f"{key} = {value!r}: expected a number")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise UserError(f"{key} = {value!r}: expected a string")
+        return value
+    raise TypeError(f"unsupported params type {hint!r} for {key}")
+
+
+def _check(ok: bool, key: str, value: object, allowed: str) -> None:
+    if not ok:
+        raise UserError(f"{key} = {value!r} is not allowed; use {allowed}")

@@ -1,0 +1,93 @@
+"""The summary of all variants (metrics/summary.json, DESIGN.md §2), report.md and the gates."""
+
+from __future__ import annotations
+
+from quantpipe.params import GatesParams
+
+QUANTIZED = ("dynamic", "static")
+
+
+def build_summary(evals: dict[str, dict], benches: dict[str, dict], threads: int) -> dict:
+    """summary.json: accuracy, size and p50 latency per variant; drop, agreement, size ratio and
+    speedup for the quantized ones. Latencies are those at `threads` intra-op threads."""
+    fp32 = evals["fp32"]
+    summary = {}
+    for variant, ev in evals.items():
+        rows = benches[variant]["latency"][f"threads{threads}"]  # {"bs1": {...}, ...}
+        entry = {"accuracy": ev["accuracy"], "size_bytes": ev["size_bytes"],
+                 "latency_p50_ms": {bs: r["p50_ms"] for bs, r in rows.items()}}
+        if variant != "fp32":
+            entry.update({
+                "accuracy_drop_pp": round((fp32["accuracy"] - ev["accuracy"]) * 100, 4),
+                "agreement": ev["agreement"],
+                "size_ratio": round(ev["size_bytes"] / fp32["size_bytes"], 4),
+                # Measured against FP32 in the same interleaved rounds (see stages/bench.py).
+                "speedup": {bs: r["speedup"] for bs, r in rows.items()}})
+        summary[variant] = entry
+    return summary
+
+
+def check_gates(summary: dict, gates: GatesParams) -> list[str]:
+    """Human-readable gate failures; empty when all gates hold."""
+    failures = []
+    for variant in QUANTIZED:
+        drop = summary[variant]["accuracy_drop_pp"]
+        if drop > gates.max_accuracy_drop_pp:
+            failures.append(f"{variant} accuracy drop {drop:.2f} pp > gates.max_accuracy_drop_pp "
+                            f"= {gates.max_accuracy_drop_pp}")
+    speedups = summary["static"]["speedup"]
+    largest = max(speedups, key=lambda k: int(k[2:]))
+    if speedups[largest] < gates.min_static_speedup:
+        failures.append(f"static speedup x{speedups[largest]:.2f} at {largest} < "
+                        f"gates.min_static_speedup = {gates.min_static_speedup}")
+    return failures
+
+
+def slowdown_notes(summary: dict, evals: dict[str, dict], machine: dict) -> list[str]:
+    """One line per quantized variant that is slower than FP32 somewhere, saying why."""
+    notes = []
+    flags = machine.get("cpu_flags", {})
+    for variant in QUANTIZED:
+        slow = [k for k, v in summary[variant]["speedup"].items() if v < 1.0]
+        if not slow:
+            continue
+        ops = evals[variant].get("ops", {})
+        level = evals[variant].get("graph_optimization_level", "")
+        if not (flags.get("avx512_vnni") or flags.get("avx_vnni")):
+            why = "this CPU has no VNNI, so INT8 dot products are not faster than FP32"
+        elif ops.get("ConvInteger"):
+            why = "ConvInteger (dynamic quantization of Conv) is slow on x86; keep Conv out of quantize_dynamic.op_types"
+        elif level in ("ORT_DISABLE_ALL", "ORT_ENABLE_BASIC"):
+            why = f"QDQ pairs are fused into QLinear kernels only at ORT_ENABLE_EXTENDED or above (runtime is {level})"
+        elif variant == "dynamic":
+            why = "dynamic quantization re-quantizes activations every run; it pays off on MatMul-heavy models"
+        else:
+            why = "check quantize_static.activation_type (QUInt8 is the fast x86 path) and the excluded nodes"
+        notes.append(f"{variant} is slower than FP32 at {', '.join(slow)}: {why}.")
+    return notes
+
+
+def render_markdown(summary: dict, notes: list[str], machine: dict, threads: int) -> str:
+    sizes = sorted({k for v in summary.values() for k in v["latency_p50_ms"]}, key=lambda k: int(k[2:]))
+    head = ["variant", "accuracy", "drop (pp)", "agreement", "size (MB)", "size ratio"]
+    head += [f"p50 {k} (ms)" for k in sizes] + [f"speedup {k}" for k in sizes]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for variant, s in summary.items():
+        cells = [variant, f"{s['accuracy']:.4f}", _fmt(s.get("accuracy_drop_pp"), ".2f"),
+                 _fmt(s.get("agreement"), ".4f"), f"{s['size_bytes'] / 1e6:.2f}",
+                 _fmt(s.get("size_ratio"), ".3f")]
+        cells += [_fmt(s["latency_p50_ms"].get(k), ".3f") for k in sizes]
+        cells += [_fmt(s.get("speedup", {}).get(k), ".2f", prefix="x") for k in sizes]
+        lines.append("| " + " | ".join(cells) + " |")
+    flags = ", ".join(f for f, on in machine.get("cpu_flags", {}).items() if on) or "unknown"
+    text = ["# quantpipe results", "", *lines, "",
+            f"CPU: {machine.get('cpu', 'unknown')} ({flags}); onnxruntime "
+            f"{machine.get('onnxruntime', '?')}; {threads} intra-op thread(s). Speedups are "
+            "measured against FP32 in the same interleaved rounds."]
+    if notes:
+        text += ["", *[f"- {n}" for n in notes]]
+    return "\n".join(text) + "\n"
+
+
+def _fmt(value, spec: str, prefix: str = "") -> str:
+    return "—" if value is None else f"{prefix}{value:{spec}}"

@@ -1,0 +1,63 @@
+"""bench <variant>: latency of models/<variant>.onnx per batch size and thread count.
+
+A quantized variant is timed in the same interleaved rounds as FP32, and its speedup is the
+ratio of the two medians from those rounds, so machine drift cancels out of the ratio.
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tqdm import tqdm  # noqa: E402
+
+from quantpipe import bench, data, onnxutil  # noqa: E402
+from quantpipe.errors import UserError  # noqa: E402
+from quantpipe.io import run_stage, write_json  # noqa: E402
+from quantpipe.params import load_params  # noqa: E402
+
+PREPARED = Path("data/prepared")
+VARIANTS = ("fp32", "dynamic", "static")
+
+
+def main() -> None:
+    variant = sys.argv[1] if len(sys.argv) == 2 else ""
+    if variant not in VARIANTS:
+        raise UserError(f"usage: python stages/bench.py {{{'|'.join(VARIANTS)}}}")
+    params = load_params()
+    p, level = params.bench, params.runtime.graph_optimization_level
+    info = data.load_info(PREPARED)
+    x = data.normalize(data.load_split(PREPARED, "test").x, info)
+    models = {name: Path(f"models/{name}.onnx") for name in dict.fromkeys((variant, "fp32"))}
+
+    results: dict[str, dict] = {}
+    with tqdm(total=len(p.threads) * len(p.batch_sizes) * p.rounds, desc=f"bench {variant}",
+              unit="round") as bar:
+        for threads in p.threads:
+            sessions = {name: onnxutil.make_session(path, level=level, threads=threads)
+                        for name, path in models.items()}
+            runners = {name: _runner(s) for name, s in sessions.items()}
+            for bs in p.batch_sizes:
+                lat = bench.measure(runners, bench.batch_of(x, bs), warmup=p.warmup,
+                                    runs=p.runs, rounds=p.rounds, tick=lambda: bar.update(1))
+                row = bench.as_dict(lat[variant])
+                if variant != "fp32":
+                    row["baseline_p50_ms"] = lat["fp32"].p50_ms
+                    row["speedup"] = round(lat["fp32"].p50_ms / lat[variant].p50_ms, 4)
+                results.setdefault(f"threads{threads}", {})[f"bs{bs}"] = row
+    write_json(f"metrics/bench/{variant}.json", {
+        "variant": variant, "graph_optimization_level": level.name,
+        "machine": bench.machine_info(), "latency": results})
+    for threads, rows in results.items():
+        for bs, r in rows.items():
+            extra = f", x{r['speedup']:.2f} vs fp32" if "speedup" in r else ""
+            print(f"bench {variant}: {bs}, {threads}: p50 {r['p50_ms']:.3f} ms{extra}")
+
+
+def _runner(session):
+    name = session.get_inputs()[0].name
+    return lambda batch: session.run(None, {name: batch})
+
+
+if __name__ == "__main__":
+    run_stage(main)

@@ -1,0 +1,54 @@
+"""evaluate <variant>: accuracy of models/<variant>.onnx on the test split, agreement and logit
+error vs FP32, per-class accuracy, a confusion matrix, graph facts and edge-input checks."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from quantpipe import data, evaluate, onnxutil  # noqa: E402
+from quantpipe.errors import UserError  # noqa: E402
+from quantpipe.io import run_stage, write_json  # noqa: E402
+from quantpipe.params import load_params  # noqa: E402
+
+PREPARED = Path("data/prepared")
+VARIANTS = ("fp32", "dynamic", "static")
+ODD_BATCH = 7
+
+
+def main() -> None:
+    variant = sys.argv[1] if len(sys.argv) == 2 else ""
+    if variant not in VARIANTS:
+        raise UserError(f"usage: python stages/evaluate.py {{{'|'.join(VARIANTS)}}}")
+    params = load_params()
+    p, level = params.evaluate, params.runtime.graph_optimization_level
+    path, fp32_path = Path(f"models/{variant}.onnx"), Path("models/fp32.onnx")
+    model = onnxutil.load_model(path)
+    info = data.load_info(PREPARED)
+    test = data.load_split(PREPARED, "test")
+    x = data.normalize(test.x, info)  # (N, C, S, S) float32
+
+    session = onnxutil.make_session(path, level=level)
+    onnxutil.check_input_matches(session, info.input_shape, str(path))
+    logits = onnxutil.run_batched(session, x, p.batch_size)
+    ref = logits if variant == "fp32" else onnxutil.run_batched(
+        onnxutil.make_session(fp32_path, level=level), x, p.batch_size)
+    checks = evaluate.edge_checks(session, info, x, odd_batch=ODD_BATCH,
+                                  large_batch=p.batch_size, atol=getattr(p.batch_consistency_atol, variant))
+    metrics = {
+        "variant": variant, **evaluate.accuracy_metrics(logits, ref, test.y, info.num_classes),
+        "size_bytes": path.stat().st_size, "ops": onnxutil.op_counts(model),
+        "graph_optimization_level": level.name,
+        "edge_checks": {c.name: {"ok": c.ok, "detail": c.detail} for c in checks}}
+    write_json(f"metrics/eval/{variant}.json", metrics)
+    write_json(f"metrics/plots/confusion_{variant}.json",
+               evaluate.confusion_rows(test.y, logits.argmax(1)))
+    failed = [c for c in checks if not c.ok]
+    if failed:
+        raise UserError(f"{path}: edge check {failed[0].name} failed: {failed[0].detail}")
+    print(f"evaluate {variant}: accuracy {metrics['accuracy']:.4f}, agreement with fp32 "
+          f"{metrics['agreement']:.4f}, {len(checks)} edge checks passed")
+
+
+if __name__ == "__main__":
+    run_stage(main)

@@ -1,0 +1,43 @@
+"""report: metrics/summary.json and metrics/report.md from every evaluate and bench; gates."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from quantpipe import report  # noqa: E402
+from quantpipe.errors import UserError  # noqa: E402
+from quantpipe.io import read_json, run_stage, write_bytes, write_json  # noqa: E402
+from quantpipe.params import load_params  # noqa: E402
+
+VARIANTS = ("fp32", "dynamic", "static")
+
+
+def main() -> None:
+    params = load_params()
+    evals = {v: read_json(f"metrics/eval/{v}.json") for v in VARIANTS}
+    benches = {v: read_json(f"metrics/bench/{v}.json") for v in VARIANTS}
+    threads = params.bench.threads[0]
+    summary = report.build_summary(evals, benches, threads)
+    machine = benches["static"]["machine"]
+    notes = report.slowdown_notes(summary, evals, machine)
+    write_json("metrics/summary.json", summary)
+    write_bytes("metrics/report.md", report.render_markdown(summary, notes, machine, threads).encode())
+    write_json("metrics/plots/latency.json", [
+        {"variant": v, "batch_size": int(k[2:]), "p50_ms": ms}
+        for v, s in summary.items() for k, ms in s["latency_p50_ms"].items()])
+    write_json("metrics/plots/accuracy_size.json", [
+        {"variant": v, "size_mb": round(s["size_bytes"] / 1e6, 4), "accuracy": s["accuracy"]}
+        for v, s in summary.items()])
+    print(Path("metrics/report.md").read_text())
+
+    failures = report.check_gates(summary, params.gates)
+    for failure in failures:
+        print(f"gate: {failure}", file=sys.stderr)
+    if failures and params.gates.enforce:
+        raise UserError(f"{len(failures)} gate(s) failed: {failures[0]} "
+                        "(set gates.enforce: false to report without failing)")
+
+
+if __name__ == "__main__":
+    run_stage(main)
