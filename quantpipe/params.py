@@ -53,9 +53,9 @@ class TrainParams:
     epochs: int = 10
     batch_size: int = 64
     lr: float = 1e-3
-    # Random shifts of up to this many pixels: cheap augmentation that lifts a 3,500-image
-    # MNIST training set from ~97% to ~98.5% test accuracy.
-    max_shift: int = 2
+    # Random shifts of up to this many pixels: cheap augmentation that keeps a 3,500-image
+    # MNIST training set from over-fitting (~98% test accuracy with 10 epochs).
+    max_shift: int = 1
 
     def __post_init__(self) -> None:
         # The model name itself is checked by quantpipe.models (it needs torchvision).

@@ -1,0 +1,78 @@
+"""Fixtures that build a throw-away copy of the project as its own git + DVC repository."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+# What a clone needs to run the pipeline; nothing generated is copied.
+PROJECT_FILES = ("dvc.yaml", "params.yaml", ".dvcignore", ".gitignore", "stages", "quantpipe",
+                 ".dvc/config", ".dvc/.gitignore")
+
+# Small enough that a full `dvc repro` takes well under a minute on 2 cores.
+TINY_PARAMS = {
+    "prepare": {"calib_size": 64},
+    "train": {"model": "simple_cnn", "epochs": 1, "batch_size": 32},
+    "evaluate": {"batch_size": 64},
+    "bench": {"batch_sizes": [1, 8], "warmup": 2, "runs": 10, "rounds": 2},
+    "gates": {"enforce": False},
+}
+
+
+def set_params(repo: Path, changes: dict) -> None:
+    """Merge nested `changes` into repo/params.yaml."""
+    path = repo / "params.yaml"
+    params = yaml.safe_load(path.read_text())
+
+    def merge(into: dict, new: dict) -> None:
+        for key, value in new.items():
+            if isinstance(value, dict) and isinstance(into.get(key), dict):
+                merge(into[key], value)
+            else:
+                into[key] = value
+
+    merge(params, changes)
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=test", "-c", "user.email=test@example.com",
+                           *args], cwd=repo, check=True, capture_output=True, text=True).stdout
+
+
+def make_project(dest: Path, params: dict | None = None) -> Path:
+    """Copy the project into dest, apply params, and commit it as a fresh git repo."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in PROJECT_FILES:
+        src = ROOT / name
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, target, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, target)
+    if params:
+        set_params(dest, params)
+    git(dest, "init", "-q", "-b", "main")
+    git(dest, "add", "-A")
+    git(dest, "commit", "-qm", "project")
+    return dest
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _environment():
+    """Stage commands run `python`: make it this interpreter; keep DVC offline and quiet."""
+    old = dict(os.environ)
+    os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
+    os.environ["DVC_NO_ANALYTICS"] = "1"
+    os.environ.pop("QUANTPIPE_DEBUG", None)
+    yield
+    os.environ.clear()
+    os.environ.update(old)

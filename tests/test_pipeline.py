@@ -1,0 +1,82 @@
+"""The real `dvc repro` in a temporary git repo with tiny params: what runs, and what re-runs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+from dvc.repo import Repo
+
+from conftest import TINY_PARAMS, make_project, set_params
+
+ALL_STAGES = {"prepare", "train", "export", "simplify", "quantize_dynamic", "quantize_static",
+              *(f"{s}@{v}" for s in ("evaluate", "bench") for v in ("fp32", "dynamic", "static")),
+              "report"}
+STATIC_BRANCH = {"quantize_static", "evaluate@static", "bench@static", "report"}
+
+
+def reproduce(repo: Path, *targets: str, force: bool = False) -> set[str]:
+    """Run dvc repro in repo; return the names of the stages that ran."""
+    cwd = os.getcwd()
+    os.chdir(repo)
+    try:
+        with Repo(str(repo)) as dvc:
+            ran = dvc.reproduce(*targets, force=force)
+    finally:
+        os.chdir(cwd)
+    return {stage.addressing for stage in ran}
+
+
+def md5(path: Path) -> str:
+    return hashlib.md5(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> tuple[Path, set[str]]:
+    repo = make_project(tmp_path_factory.mktemp("pipeline"), TINY_PARAMS)
+    return repo, reproduce(repo)
+
+
+def test_first_repro_runs_every_stage_and_writes_the_contract(project):
+    repo, ran = project
+    assert ran == ALL_STAGES
+    for name in ("model.pt", "exported.onnx", "fp32.onnx", "dynamic.onnx", "static.onnx"):
+        assert (repo / "models" / name).stat().st_size > 0
+    summary = json.loads((repo / "metrics/summary.json").read_text())
+    assert set(summary["fp32"]) == {"accuracy", "size_bytes", "latency_p50_ms"}
+    for variant in ("dynamic", "static"):
+        assert set(summary[variant]) == {"accuracy", "accuracy_drop_pp", "agreement", "size_bytes",
+                                         "size_ratio", "latency_p50_ms", "speedup"}
+        assert set(summary[variant]["speedup"]) == {"bs1", "bs8"}
+    # Even one epoch of the tiny CNN learns the digits: far above the 10% of chance.
+    assert summary["fp32"]["accuracy"] > 0.8
+    assert summary["static"]["size_ratio"] < 0.5
+
+
+def test_second_repro_runs_nothing(project):
+    repo, _ = project
+    assert reproduce(repo) == set()
+
+
+def test_forced_train_reproduces_identical_model(project):
+    repo, _ = project
+    before = md5(repo / "models/model.pt")
+    assert "train" in reproduce(repo, "train", force=True)
+    assert md5(repo / "models/model.pt") == before
+    # Identical weights -> identical hashes downstream: nothing is out of date.
+    assert reproduce(repo) == set()
+
+
+def test_calibrate_method_change_reruns_only_the_static_branch(project):
+    repo, _ = project
+    set_params(repo, {"quantize_static": {"calibrate_method": "Percentile"}})
+    assert reproduce(repo) == STATIC_BRANCH
+
+
+def test_calib_size_change_reruns_prepare_and_static_branch_not_train(project):
+    repo, _ = project
+    set_params(repo, {"prepare": {"calib_size": 32}})
+    assert reproduce(repo) == {"prepare"} | STATIC_BRANCH
