@@ -46,9 +46,9 @@ def measure(runners: dict[str, Runner], x: np.ndarray, *, warmup: int, runs: int
     for run in runners.values():
         for _ in range(warmup):
             run(x)
-    per_round = -(-runs // rounds)
     names = list(runners)
     for r in range(rounds):
+        per_round = runs // rounds + (r < runs % rounds)  # exactly `runs` in all
         for name in names if r % 2 == 0 else reversed(names):
             run = runners[name]
             for _ in range(per_round):

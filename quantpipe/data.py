@@ -130,16 +130,23 @@ def load_info(directory: Path | str) -> DataInfo:
     path = Path(directory) / META_FILE
     try:
         raw = json.loads(path.read_text())
+        return DataInfo(**{**raw, "mean": tuple(raw["mean"]), "std": tuple(raw["std"])})
     except FileNotFoundError:
         raise UserError(f"{path}: not found; run `dvc repro prepare` first") from None
-    return DataInfo(**{**raw, "mean": tuple(raw["mean"]), "std": tuple(raw["std"])})
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise UserError(f"{path}: unreadable dataset metadata ({type(e).__name__}: {e}); "
+                        "re-run `dvc repro -f prepare`") from None
 
 
 def load_split(directory: Path | str, name: str) -> Split:
     directory = Path(directory)
-    try:
-        x = np.load(directory / f"{name}_x.npy", allow_pickle=False)
-        y = np.load(directory / f"{name}_y.npy", allow_pickle=False)
-    except FileNotFoundError as e:
-        raise UserError(f"{e.filename}: not found; run `dvc repro prepare` first") from None
-    return Split(x=x, y=y)
+    arrays = []
+    for path in (directory / f"{name}_x.npy", directory / f"{name}_y.npy"):
+        try:
+            arrays.append(np.load(path, allow_pickle=False))
+        except FileNotFoundError:
+            raise UserError(f"{path}: not found; run `dvc repro prepare` first") from None
+        except (ValueError, EOFError, OSError) as e:
+            raise UserError(f"{path}: unreadable ({type(e).__name__}: {e}); "
+                            "re-run `dvc repro -f prepare`") from None
+    return Split(x=arrays[0], y=arrays[1])

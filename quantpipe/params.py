@@ -95,6 +95,11 @@ class QuantizeDynamicParams:
     op_types: tuple[str, ...] = ("MatMul", "Gemm")
     nodes_to_exclude: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        # ORT reads an empty list as "everything", Conv (slow ConvInteger) included.
+        _check(bool(self.op_types), "quantize_dynamic.op_types", list(self.op_types),
+               "a non-empty list of op types, e.g. [MatMul, Gemm]")
+
 
 @dataclass(frozen=True)
 class QuantizeStaticParams:
@@ -111,8 +116,22 @@ class QuantizeStaticParams:
     # Empty means every op type ORT can quantize.
     op_types_to_quantize: tuple[str, ...] = ()
     extra_options: dict = field(default_factory=dict)
+    # Calibration memory budget (MiB) for intermediate activations; see quant.calibration_plan.
+    calib_memory_mb: int = 2048
+    # Accuracy-aware fallback: while the validation accuracy drops by more than this (pp),
+    # leave the most sensitive node in float and quantize again, up to max_fallback_steps times.
+    max_accuracy_drop_pp: float = 0.5
+    max_fallback_steps: int = 3
+    # true: a model still over the drop after the fallback is kept (with a warning).
+    allow_accuracy_drop: bool = False
 
     def __post_init__(self) -> None:
+        _check(self.calib_memory_mb >= 16, "quantize_static.calib_memory_mb", self.calib_memory_mb,
+               "an integer >= 16 (MiB)")
+        _check(self.max_accuracy_drop_pp >= 0, "quantize_static.max_accuracy_drop_pp",
+               self.max_accuracy_drop_pp, "a number >= 0")
+        _check(self.max_fallback_steps >= 0, "quantize_static.max_fallback_steps",
+               self.max_fallback_steps, "an integer >= 0")
         _check(self.calib_batch_size >= 1, "quantize_static.calib_batch_size",
                self.calib_batch_size, "an integer >= 1")
         percentile = self.extra_options.get("CalibPercentile")
@@ -158,8 +177,8 @@ class BenchParams:
     threads: tuple[int, ...] = (1,)
     warmup: int = 10
     # Timed runs per (variant, batch size, threads), split into interleaved rounds.
-    runs: int = 200
-    rounds: int = 5
+    runs: int = 300
+    rounds: int = 6
 
     def __post_init__(self) -> None:
         _check(bool(self.batch_sizes) and all(b >= 1 for b in self.batch_sizes),
@@ -198,6 +217,9 @@ class Params:
     evaluate: EvaluateParams = field(default_factory=EvaluateParams)
     bench: BenchParams = field(default_factory=BenchParams)
     gates: GatesParams = field(default_factory=GatesParams)
+
+    def __post_init__(self) -> None:
+        _check(0 <= self.seed < 2**32, "seed", self.seed, "an integer in 0..2**32-1")
 
 
 def load_params(path: Path = PARAMS_FILE) -> Params:

@@ -7,19 +7,26 @@ per-channel, after quant_pre_process; dynamic quantization of MatMul/Gemm only.
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import onnx
-from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
-                                      quant_pre_process, quantize_dynamic, quantize_static)
+from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat,
+                                      QuantType, quant_pre_process, quantize_dynamic,
+                                      quantize_static)
 
 from quantpipe.data import DataInfo, normalize
 from quantpipe.errors import UserError
 from quantpipe.params import QuantizeDynamicParams, QuantizeStaticParams
 
 log = logging.getLogger(__name__)
+
+# Calibration samples used for the per-tensor SQNR table.
+SENSITIVITY_SAMPLES = 64
 
 
 class CalibrationReader(CalibrationDataReader):
@@ -61,7 +68,10 @@ def check_calibration(x: np.ndarray, info_shape: tuple[int, ...], model: onnx.Mo
         raise UserError("data/calibration: the calibration set is empty; raise prepare.calib_size")
     dims = [d.dim_value if d.HasField("dim_value") else None
             for d in graph_input(model).type.tensor_type.shape.dim]
-    if len(dims) != 4 or any(d is not None and d != s for d, s in zip(dims[1:], x.shape[1:])):
+    if tuple(x.shape[1:]) != tuple(info_shape):
+        raise UserError(f"data/calibration: samples of shape {tuple(x.shape[1:])} disagree with its "
+                        f"meta.json ({tuple(info_shape)}); re-run `dvc repro -f prepare`")
+    if len(dims) != x.ndim or any(d is not None and d != s for d, s in zip(dims[1:], x.shape[1:])):
         raise UserError(f"data/calibration: samples of shape {tuple(x.shape[1:])} do not fit the "
                         f"model input {dims}; re-run prepare with the model's image size/channels")
 
@@ -96,21 +106,180 @@ def slow_combination_warnings(p: QuantizeStaticParams) -> list[str]:
     return found
 
 
-def quantize_static_model(model_path: Path, out_path: Path, reader: CalibrationReader,
-                          p: QuantizeStaticParams) -> dict:
-    """Pre-process then statically quantize `model_path` into `out_path`; returns facts for metrics."""
+def activation_bytes_per_sample(model: onnx.ModelProto) -> int:
+    """Bytes of all float intermediate tensors for one sample (from shape inference).
+
+    Calibration keeps these for every sample it has seen (histogram methods until the end),
+    so this sets how many samples fit in a memory budget.
+    """
+    total = 0
+    for info in model.graph.value_info:
+        t = info.type.tensor_type
+        if t.elem_type != onnx.TensorProto.FLOAT:
+            continue
+        dims = [d.dim_value for d in t.shape.dim[1:]]  # dim 0 is the batch
+        if dims and all(d > 0 for d in dims):
+            total += 4 * int(np.prod(dims))
+    return total
+
+
+def calibration_plan(model: onnx.ModelProto, p: QuantizeStaticParams, n_samples: int) -> tuple[int, dict]:
+    """(samples to use, extra options) that keep calibration within p.calib_memory_mb.
+
+    MinMax can reduce ranges as it goes (CalibMaxIntermediateOutputs, same result, bounded
+    memory); Entropy/Percentile keep every output until the end (ORT issue #10503), so they get
+    the first samples that fit.
+    """
+    per_sample = max(activation_bytes_per_sample(model), 1)
+    fit = max(1, int(p.calib_memory_mb * 2**20 // per_sample))
+    if p.calibrate_method == CalibrationMethod.MinMax:
+        batches = max(1, fit // p.calib_batch_size)
+        return n_samples, {"CalibMaxIntermediateOutputs": batches}
+    if fit < n_samples:
+        log.warning("quantize_static: %s calibration keeps every activation in memory; using %d of "
+                    "%d samples to stay within calib_memory_mb = %d", p.calibrate_method.name, fit,
+                    n_samples, p.calib_memory_mb)
+    return min(fit, n_samples), {}
+
+
+def quantize_once(pre_path: Path, out_path: Path, reader: CalibrationReader,
+                  p: QuantizeStaticParams, exclude: list[str], extra: dict,
+                  quant_format: QuantFormat | None = None) -> None:
+    reader.rewind()
+    quantize_static(
+        str(pre_path), str(out_path), reader,
+        quant_format=quant_format or p.quant_format, activation_type=p.activation_type,
+        weight_type=p.weight_type, per_channel=p.per_channel, reduce_range=p.reduce_range,
+        calibrate_method=p.calibrate_method, nodes_to_exclude=exclude or None,
+        op_types_to_quantize=list(p.op_types_to_quantize) or None,
+        extra_options={**extra, **p.extra_options} or None)
+
+
+# Ops that only move, clip or select values: leaving them in float regains nothing.
+PASSTHROUGH_OPS = {"Relu", "Clip", "MaxPool", "Reshape", "Flatten", "Transpose", "Squeeze",
+                   "Unsqueeze", "Identity", "Gather", "Slice", "Split", "Resize"}
+
+
+def sensitivity(pre_path: Path, qdq_path: Path, reader: CalibrationReader, workdir: Path) -> list[dict]:
+    """Per-tensor SQNR (dB) of the quantized model against the float model, in graph order.
+
+    `model_sqnr_db` compares each tensor with the float model's (errors of earlier layers
+    included); `sqnr_lost_db` is how much of it the producing node loses itself (its worst
+    input's SQNR minus its output's): the node to leave in float is the one that loses most.
+    """
+    from onnxruntime.quantization.qdq_loss_debug import (collect_activations,
+                                                         compute_activation_error,
+                                                         create_activation_matching,
+                                                         modify_model_output_intermediate_tensors)
+
+    aug_float, aug_qdq = workdir / "aug_float.onnx", workdir / "aug_qdq.onnx"
+    modify_model_output_intermediate_tensors(str(pre_path), str(aug_float))
+    modify_model_output_intermediate_tensors(str(qdq_path), str(aug_qdq))
+    reader.rewind()
+    float_acts = collect_activations(str(aug_float), reader)
+    reader.rewind()
+    qdq_acts = collect_activations(str(aug_qdq), reader)
+    errors = compute_activation_error(create_activation_matching(qdq_acts, float_acts))
+    sqnr = {name: float(err["xmodel_err"]) for name, err in errors.items() if "xmodel_err" in err}
+    nodes = list(onnx.load(str(pre_path)).graph.node)  # topological order
+    # ORT quantizes a Conv/Gemm output that feeds only a Relu/Clip with the activation's range
+    # (negatives clipped), so such a tensor is compared after its activation.
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in nodes:
+        for i in node.input:
+            consumers.setdefault(i, []).append(node)
+
+    def effective(tensor: str) -> str:
+        users = consumers.get(tensor, [])
+        if users and all(u.op_type in ("Relu", "Clip") for u in users) and len(users) == 1:
+            return effective(users[0].output[0])
+        return tensor
+
+    rows = []
+    for node in nodes:
+        inputs = [sqnr[effective(i)] for i in node.input if effective(i) in sqnr]
+        for out in node.output:
+            if effective(out) != out and node.op_type not in ("Relu", "Clip"):
+                out = effective(out)
+            if out in sqnr and not (node.op_type in ("Relu", "Clip") and effective(node.input[0]) == out):
+                rows.append({"tensor": out, "node": node.name, "op_type": node.op_type,
+                             "model_sqnr_db": round(sqnr[out], 3),
+                             "sqnr_lost_db": round(min(inputs) - sqnr[out], 3) if inputs else 0.0})
+    return rows
+
+
+def fallback_order(table: list[dict], already: list[str]) -> list[str]:
+    """Nodes worth leaving in float, the one that loses most SQNR first."""
+    rows = sorted((r for r in table if r["node"] and r["op_type"] not in PASSTHROUGH_OPS),
+                  key=lambda r: (-r["sqnr_lost_db"], r["node"]))
+    return list(dict.fromkeys(r["node"] for r in rows if r["node"] not in already))
+
+
+@dataclass
+class StaticResult:
+    fp32_val_accuracy: float
+    steps: list[dict]  # one per quantization: nodes left in float so far, val accuracy, drop
+    fallback_nodes: list[str]
+    sensitivity: list[dict]
+    calib_samples_used: int
+    symbolic_shape_inference: bool
+
+    @property
+    def accuracy_drop_pp(self) -> float:
+        return self.steps[-1]["accuracy_drop_pp"]
+
+
+def quantize_static_with_fallback(fp32_path: Path, out_path: Path, calib_x: np.ndarray,
+                                  info: DataInfo, p: QuantizeStaticParams,
+                                  val_accuracy: Callable[[Path], float]) -> StaticResult:
+    """quant_pre_process, calibrate and quantize; then, while the validation accuracy drops by
+    more than p.max_accuracy_drop_pp, leave the most sensitive quantized node (lowest SQNR) in
+    float and quantize again, at most p.max_fallback_steps times. Writes the last model."""
     with tempfile.TemporaryDirectory() as tmp:
-        pre = Path(tmp) / "preprocessed.onnx"
-        symbolic = preprocess(model_path, pre)
-        quantize_static(
-            str(pre), str(out_path), reader,
-            quant_format=p.quant_format, activation_type=p.activation_type,
-            weight_type=p.weight_type, per_channel=p.per_channel, reduce_range=p.reduce_range,
-            calibrate_method=p.calibrate_method,
-            nodes_to_exclude=list(p.nodes_to_exclude) or None,
-            op_types_to_quantize=list(p.op_types_to_quantize) or None,
-            extra_options=dict(p.extra_options) or None)
-    return {"symbolic_shape_inference": symbolic}
+        workdir = Path(tmp)
+        pre = workdir / "preprocessed.onnx"
+        symbolic = preprocess(fp32_path, pre)
+        pre_model = onnx.load(str(pre))
+        missing = unknown_nodes(pre_model, p.nodes_to_exclude)
+        if missing:
+            raise UserError(f"quantize_static.nodes_to_exclude: no node named {missing} in "
+                            f"{fp32_path}; its nodes are {[n.name for n in pre_model.graph.node][:30]}")
+        n_calib, extra = calibration_plan(pre_model, p, len(calib_x))
+        input_name = graph_input(pre_model).name
+        reader = CalibrationReader(calib_x[:n_calib], info, input_name, p.calib_batch_size)
+        # SQNR needs only a few batches; collect_activations keeps every output in memory.
+        probe = CalibrationReader(calib_x[:SENSITIVITY_SAMPLES], info, input_name, p.calib_batch_size)
+
+        fp32_acc = val_accuracy(pre)
+        excluded = list(p.nodes_to_exclude)
+        candidate = workdir / "quantized.onnx"
+        quantize_once(pre, candidate, reader, p, excluded, extra)
+        # SQNR is read from a QDQ twin that keeps Relu/Clip: with them removed (ORT's default),
+        # a tensor's pre-QDQ values would be the unclipped ones and its error meaningless.
+        twin = workdir / "qdq_twin.onnx"
+        quantize_once(pre, twin, reader, p, excluded, {**extra, "QDQKeepRemovableActivations": True},
+                      quant_format=QuantFormat.QDQ)
+        table = sensitivity(pre, twin, probe, workdir)
+
+        steps = [_step(excluded, val_accuracy(candidate), fp32_acc)]
+        ranked = fallback_order(table, excluded)
+        fallback: list[str] = []
+        while steps[-1]["accuracy_drop_pp"] > p.max_accuracy_drop_pp and ranked \
+                and len(fallback) < p.max_fallback_steps:
+            fallback.append(ranked.pop(0))
+            log.warning("quantize_static: accuracy drop %.2f pp > %.2f pp; leaving %s in float",
+                        steps[-1]["accuracy_drop_pp"], p.max_accuracy_drop_pp, fallback[-1])
+            quantize_once(pre, candidate, reader, p, excluded + fallback, extra)
+            steps.append(_step(excluded + fallback, val_accuracy(candidate), fp32_acc))
+        os.replace(candidate, out_path)
+    return StaticResult(fp32_val_accuracy=fp32_acc, steps=steps, fallback_nodes=fallback,
+                        sensitivity=table, calib_samples_used=n_calib,
+                        symbolic_shape_inference=symbolic)
+
+
+def _step(excluded: list[str], accuracy: float, fp32_accuracy: float) -> dict:
+    return {"nodes_in_float": list(excluded), "val_accuracy": round(accuracy, 6),
+            "accuracy_drop_pp": round((fp32_accuracy - accuracy) * 100, 4)}
 
 
 def quantize_dynamic_model(model_path: Path, out_path: Path, p: QuantizeDynamicParams) -> dict:
@@ -118,11 +287,33 @@ def quantize_dynamic_model(model_path: Path, out_path: Path, p: QuantizeDynamicP
     with tempfile.TemporaryDirectory() as tmp:
         pre = Path(tmp) / "preprocessed.onnx"
         symbolic = preprocess(model_path, pre)
+        pre_model = onnx.load(str(pre))
+        missing = unknown_nodes(pre_model, p.nodes_to_exclude)
+        if missing:
+            raise UserError(f"quantize_dynamic.nodes_to_exclude: no node named {missing} in "
+                            f"{model_path}; its nodes are {[n.name for n in pre_model.graph.node][:30]}")
+        op_types, include, exclude = dynamic_selection(pre_model, p.op_types, p.nodes_to_exclude)
         quantize_dynamic(
-            str(pre), str(out_path), op_types_to_quantize=list(p.op_types) or None,
+            str(pre), str(out_path), op_types_to_quantize=op_types, nodes_to_quantize=include,
             per_channel=p.per_channel, reduce_range=p.reduce_range, weight_type=p.weight_type,
-            nodes_to_exclude=list(p.nodes_to_exclude) or None)
+            nodes_to_exclude=exclude or None)
     return {"symbolic_shape_inference": symbolic}
+
+
+def dynamic_selection(model: onnx.ModelProto, op_types: tuple[str, ...],
+                      exclude: tuple[str, ...]) -> tuple[list[str], list[str] | None, list[str]]:
+    """(op types, nodes to quantize or None for all, nodes to exclude) as ORT's dynamic mode
+    needs them. It rewrites every Gemm into `<name>_MatMul` + `<name>_Add` before selecting
+    nodes, so "Gemm" and Gemm node names must be spelled as those MatMuls."""
+    gemms = {n.name for n in model.graph.node if n.op_type == "Gemm"}
+    exclude_out = [f"{n}_MatMul" if n in gemms else n for n in exclude]
+    if "Gemm" not in op_types or "MatMul" in op_types:
+        return sorted({*op_types, "MatMul"} if "Gemm" in op_types else set(op_types)), None, exclude_out
+    # Gemm without MatMul: quantize the rewritten Gemms and nodes of the other listed types only.
+    others = [t for t in op_types if t != "Gemm"]
+    include = [n.name for n in model.graph.node if n.op_type in others]
+    include += [f"{g}_MatMul" for g in sorted(gemms)]
+    return sorted({*others, "MatMul"}), include, exclude_out
 
 
 def unknown_nodes(model: onnx.ModelProto, names: tuple[str, ...]) -> list[str]:

@@ -7,9 +7,11 @@ from quantpipe.params import GatesParams
 QUANTIZED = ("dynamic", "static")
 
 
-def build_summary(evals: dict[str, dict], benches: dict[str, dict], threads: int) -> dict:
+def build_summary(evals: dict[str, dict], benches: dict[str, dict], threads: int,
+                  torch_bench: dict | None = None) -> dict:
     """summary.json: accuracy, size and p50 latency per variant; drop, agreement, size ratio and
-    speedup for the quantized ones. Latencies are those at `threads` intra-op threads."""
+    speedup (vs FP32 ONNX) for the quantized ones and the PyTorch eager baseline `torch`.
+    Latencies are those at `threads` intra-op threads."""
     fp32 = evals["fp32"]
     summary = {}
     for variant, ev in evals.items():
@@ -24,6 +26,13 @@ def build_summary(evals: dict[str, dict], benches: dict[str, dict], threads: int
                 # Measured against FP32 in the same interleaved rounds (see stages/bench.py).
                 "speedup": {bs: r["speedup"] for bs, r in rows.items()}})
         summary[variant] = entry
+    if torch_bench is not None:
+        rows = torch_bench["latency"][f"threads{threads}"]
+        summary["torch"] = {
+            "accuracy": torch_bench["accuracy"], "size_bytes": torch_bench["size_bytes"],
+            "latency_p50_ms": {bs: r["p50_ms"] for bs, r in rows.items()},
+            # PyTorch eager vs FP32 ONNX: below 1 means the ONNX export alone is faster.
+            "speedup": {bs: r["speedup"] for bs, r in rows.items()}}
     return summary
 
 

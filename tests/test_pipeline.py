@@ -14,7 +14,7 @@ from conftest import TINY_PARAMS, make_project, set_params
 
 ALL_STAGES = {"prepare", "train", "export", "simplify", "quantize_dynamic", "quantize_static",
               *(f"{s}@{v}" for s in ("evaluate", "bench") for v in ("fp32", "dynamic", "static")),
-              "report"}
+              "bench_torch", "report"}
 STATIC_BRANCH = {"quantize_static", "evaluate@static", "bench@static", "report"}
 
 
@@ -46,6 +46,7 @@ def test_first_repro_runs_every_stage_and_writes_the_contract(project):
     for name in ("model.pt", "exported.onnx", "fp32.onnx", "dynamic.onnx", "static.onnx"):
         assert (repo / "models" / name).stat().st_size > 0
     summary = json.loads((repo / "metrics/summary.json").read_text())
+    assert set(summary) == {"fp32", "dynamic", "static", "torch"}
     assert set(summary["fp32"]) == {"accuracy", "size_bytes", "latency_p50_ms"}
     for variant in ("dynamic", "static"):
         assert set(summary[variant]) == {"accuracy", "accuracy_drop_pp", "agreement", "size_bytes",

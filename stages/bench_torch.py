@@ -1,0 +1,58 @@
+"""bench_torch: the PyTorch eager baseline — test accuracy and latency of models/model.pt,
+timed in the same interleaved rounds as models/fp32.onnx (the practitioner's table starts here)."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from quantpipe import bench, data, models, onnxutil  # noqa: E402
+from quantpipe.io import run_stage, write_json  # noqa: E402
+from quantpipe.params import load_params  # noqa: E402
+
+PREPARED = Path("data/prepared")
+MODEL = Path("models/model.pt")
+FP32 = Path("models/fp32.onnx")
+
+
+def main() -> None:
+    params = load_params()
+    p, level = params.bench, params.runtime.graph_optimization_level
+    info = data.load_info(PREPARED)
+    test = data.load_split(PREPARED, "test")
+    x = data.normalize(test.x, info)
+    model = models.build_model(params.train.model, info.channels, info.image_size, info.num_classes)
+    models.load_weights(model, MODEL)
+    accuracy = float((models.predict_torch(model, x).argmax(1) == test.y).mean())
+
+    results: dict[str, dict] = {}
+    with torch.inference_mode(), tqdm(total=len(p.threads) * len(p.batch_sizes) * p.rounds,
+                                      desc="bench torch", unit="round") as bar:
+        for threads in p.threads:
+            torch.set_num_threads(threads)
+            session = onnxutil.make_session(FP32, level=level, threads=threads)
+            name = session.get_inputs()[0].name
+            runners = {"torch": lambda b: model(torch.from_numpy(b)),
+                       "fp32": lambda b: session.run(None, {name: b})}
+            for bs in p.batch_sizes:
+                lat = bench.measure(runners, bench.batch_of(x, bs), warmup=p.warmup, runs=p.runs,
+                                    rounds=p.rounds, tick=lambda: bar.update(1))
+                row = bench.as_dict(lat["torch"])
+                row["baseline_p50_ms"] = lat["fp32"].p50_ms
+                # Same meaning as for the INT8 variants: FP32 ONNX time / this variant's time.
+                row["speedup"] = round(lat["fp32"].p50_ms / lat["torch"].p50_ms, 4)
+                results.setdefault(f"threads{threads}", {})[f"bs{bs}"] = row
+    write_json("metrics/bench/torch.json", {
+        "variant": "torch", "accuracy": round(accuracy, 6), "size_bytes": MODEL.stat().st_size,
+        "torch": torch.__version__, "machine": bench.machine_info(), "latency": results})
+    for threads, rows in results.items():
+        for bs, r in rows.items():
+            print(f"bench torch: {bs}, {threads}: p50 {r['p50_ms']:.3f} ms "
+                  f"(fp32 onnx is x{1 / r['speedup']:.2f} faster)")
+
+
+if __name__ == "__main__":
+    run_stage(main)

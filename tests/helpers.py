@@ -1,0 +1,82 @@
+"""Tiny models and data shared by the unit tests (kept out of conftest.py on purpose).
+
+Everything here is small enough for a 2-core machine: a few channels, 12x12 images, a few
+dozen samples.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from quantpipe import data, onnxutil
+
+ROOT = Path(__file__).resolve().parents[1]
+# The opset the pipeline exports with by default (quantpipe.params.ExportParams).
+OPSET = 18
+
+
+class TwoConvNet(nn.Module):
+    """Conv(C->4, 3) -> ReLU -> Conv(4->8, 3) -> ReLU -> flatten -> Linear(8*(S-4)^2 -> K)."""
+
+    def __init__(self, channels: int = 1, image_size: int = 12, num_classes: int = 4) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, 4, 3)
+        self.conv2 = nn.Conv2d(4, 8, 3)
+        self.fc = nn.Linear(8 * (image_size - 4) ** 2, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, S, S) -> (B, K)
+        x = torch.relu(self.conv1(x))
+        x = torch.relu(self.conv2(x))
+        return self.fc(torch.flatten(x, 1))
+
+
+def structured_images(n: int, *, channels: int = 1, size: int = 12, num_classes: int = 4,
+                      seed: int = 0) -> data.Split:
+    """uint8 (n, C, S, S) images: a bright square whose position encodes the class, plus noise.
+
+    Random but not white noise: the classes are separable, so a model's logits carry signal and
+    quantization error shows up as a change of the top-1 class only if it is large.
+    """
+    rng = np.random.default_rng(seed)
+    y = np.arange(n) % num_classes
+    rng.shuffle(y)
+    x = rng.integers(0, 40, size=(n, channels, size, size)).astype(np.int64)  # dark noise
+    half = size // 2
+    for i, cls in enumerate(y):
+        row, col = divmod(int(cls) % 4, 2)  # one quadrant per class (classes beyond 4 wrap)
+        x[i, :, row * half:(row + 1) * half, col * half:(col + 1) * half] += 180
+    return data.Split(x=np.clip(x, 0, 255).astype(np.uint8), y=y.astype(np.int64))
+
+
+def info_for(split: data.Split, num_classes: int = 4) -> data.DataInfo:
+    return data.compute_info("test", split, num_classes)
+
+
+def trained_on(model: nn.Module, x: np.ndarray, y: np.ndarray, steps: int = 15,
+               lr: float = 0.05, seed: int = 0) -> nn.Module:
+    """A few full-batch Adam steps so the logits have real margins (well under a second)."""
+    torch.manual_seed(seed)
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    model.train()
+    for _ in range(steps):
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(xt), yt).backward()
+        optimizer.step()
+    return model.eval()
+
+
+def export_to(model: nn.Module, input_shape: tuple[int, int, int], path: Path) -> Path:
+    """Export with the pipeline's exporter and write the .onnx file; returns the path."""
+    proto = onnxutil.export_onnx(model, input_shape, OPSET)
+    path.write_bytes(proto.SerializeToString())
+    return path
+
+
+def torch_logits(model: nn.Module, x: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return model.eval()(torch.from_numpy(x)).numpy()

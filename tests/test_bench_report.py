@@ -1,0 +1,291 @@
+"""quantpipe.bench (timing statistics, interleaved measurement) and quantpipe.report (summary.json
+contract, gates, slowdown notes, markdown)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+from quantpipe import bench, report
+from quantpipe.params import GatesParams
+
+VNNI_MACHINE = {"cpu": "Test CPU", "cpu_flags": {f: f in ("avx2", "avx512f", "avx512_vnni")
+                                                for f in bench.CPU_FLAGS},
+                "onnxruntime": "1.32.0", "python": "3.11"}
+NO_VNNI_MACHINE = {**VNNI_MACHINE, "cpu_flags": {f: f == "avx2" for f in bench.CPU_FLAGS}}
+
+# --- summarize --------------------------------------------------------------------------------
+
+
+def test_summarize_known_timings():
+    seconds = [i / 1000 for i in range(10, 0, -1)]  # 10 ms .. 1 ms, unsorted on purpose
+    lat = bench.summarize(seconds, batch_size=4)
+    # Linear interpolation between order statistics (numpy's default percentile).
+    assert lat.p50_ms == pytest.approx(5.5)          # (5 + 6) / 2
+    assert lat.p90_ms == pytest.approx(9.1)          # 9 + 0.1 * (10 - 9)
+    assert lat.p99_ms == pytest.approx(9.91)
+    assert lat.mean_ms == pytest.approx(5.5)
+    assert lat.std_ms == pytest.approx(np.sqrt(8.25), abs=1e-5)  # population std of 1..10
+    assert lat.throughput == pytest.approx(4 / 0.0055, abs=0.1)  # samples/s at the median
+    assert lat.runs == 10
+
+
+def test_summarize_single_value_and_dict():
+    lat = bench.summarize([0.002], batch_size=64)
+    assert lat.p50_ms == lat.p90_ms == lat.p99_ms == lat.mean_ms == pytest.approx(2.0)
+    assert lat.std_ms == 0 and lat.throughput == pytest.approx(32000.0)
+    d = bench.as_dict(lat)
+    assert set(d) == {"p50_ms", "p90_ms", "p99_ms", "mean_ms", "std_ms", "throughput", "runs"}
+    json.dumps(d)  # plain JSON types
+
+
+# --- measure ----------------------------------------------------------------------------------
+
+def _recorders(names, calls):
+    return {name: (lambda x, name=name: calls.append(name)) for name in names}
+
+
+def test_measure_times_each_runner_the_requested_runs_interleaved():
+    calls, ticks = [], []
+    result = bench.measure(_recorders("ab", calls), np.zeros((2, 1)), warmup=2, runs=6, rounds=3,
+                           tick=lambda: ticks.append(len(calls)))
+    # Warm-up: each runner its `warmup` calls, before any timed call.
+    assert calls[:4] == ["a", "a", "b", "b"]
+    timed = calls[4:]
+    # 3 rounds of 2 runs each; the order of the runners alternates between rounds.
+    assert timed == ["a", "a", "b", "b", "b", "b", "a", "a", "a", "a", "b", "b"]
+    assert ticks == [8, 12, 16]  # one tick after each round
+    assert set(result) == {"a", "b"}
+    assert result["a"].runs == result["b"].runs == 6
+
+
+def test_measure_passes_the_batch_and_reports_its_size():
+    seen = []
+    x = np.zeros((5, 1, 2, 2), np.float32)
+
+    def run(batch):
+        seen.append(batch)
+        time.sleep(0.001)  # long enough that p50_ms's 5-decimal rounding is negligible
+
+    result = bench.measure({"m": run}, x, warmup=1, runs=4, rounds=2)
+    assert all(b is x for b in seen) and len(seen) == 5
+    lat = result["m"]
+    assert lat.throughput == pytest.approx(5 / (lat.p50_ms / 1e3), rel=1e-3)
+
+
+def test_measure_measures_the_call_time():
+    result = bench.measure({"slow": lambda x: time.sleep(0.003), "fast": lambda x: None},
+                           np.zeros(1), warmup=0, runs=4, rounds=2)
+    assert result["slow"].p50_ms >= 3.0
+    assert result["fast"].p50_ms < 1.0
+
+
+def test_measure_runs_exactly_runs_when_not_divisible_by_rounds():
+    calls = []
+    result = bench.measure(_recorders("ab", calls), np.zeros(1), warmup=0, runs=10, rounds=3)
+    assert calls.count("a") == calls.count("b") == 10
+    assert result["a"].runs == 10
+
+
+# --- batch_of ---------------------------------------------------------------------------------
+
+def test_batch_of_repeats_when_short():
+    x = np.arange(3).reshape(3, 1, 1, 1).astype(np.float32)
+    out = bench.batch_of(x, 7)
+    assert out.shape == (7, 1, 1, 1)
+    assert out.ravel().tolist() == [0, 1, 2, 0, 1, 2, 0]
+    assert out.flags["C_CONTIGUOUS"]
+
+
+def test_batch_of_takes_the_first_samples():
+    x = np.arange(10).reshape(10, 1).astype(np.float32)
+    assert bench.batch_of(x, 4).ravel().tolist() == [0, 1, 2, 3]
+    assert bench.batch_of(x, 10).ravel().tolist() == list(range(10))
+
+
+def test_machine_info_shape():
+    info = bench.machine_info()
+    assert set(info) == {"cpu", "cpu_flags", "onnxruntime", "python"}
+    assert set(info["cpu_flags"]) == set(bench.CPU_FLAGS)
+    assert all(isinstance(v, bool) for v in info["cpu_flags"].values())
+
+
+# --- report: inputs shaped like stages/evaluate.py and stages/bench.py write them -------------
+
+def _eval(variant, accuracy, agreement, size_bytes, ops=None):
+    return {"variant": variant, "accuracy": accuracy, "agreement": agreement,
+            "max_abs_logit_error": 0.1, "mean_abs_logit_error": 0.01,
+            "per_class_accuracy": {"0": accuracy}, "samples": 1000, "size_bytes": size_bytes,
+            "ops": ops or {"Conv": 2, "Gemm": 2}, "graph_optimization_level": "ORT_ENABLE_ALL",
+            "edge_checks": {"batch_1": {"ok": True, "detail": "..."}}}
+
+
+def _row(p50, fp32_p50=None):
+    row = {"p50_ms": p50, "p90_ms": p50 * 1.1, "p99_ms": p50 * 1.2, "mean_ms": p50,
+           "std_ms": 0.01, "throughput": 1000 / p50, "runs": 200}
+    if fp32_p50 is not None:  # what stages/bench.py adds for a quantized variant
+        row["baseline_p50_ms"] = fp32_p50
+        row["speedup"] = round(fp32_p50 / p50, 4)
+    return row
+
+
+FP32_P50 = {"bs1": 0.2, "bs64": 8.0}
+
+
+def _bench(variant, p50s, threads=(1,)):
+    latency = {}
+    for t in threads:
+        scale = 1 / t  # more threads, faster: a different, recognisable number per thread count
+        latency[f"threads{t}"] = {
+            bs: _row(p50 * scale, None if variant == "fp32" else FP32_P50[bs] * scale)
+            for bs, p50 in p50s.items()}
+    return {"variant": variant, "graph_optimization_level": "ORT_ENABLE_ALL",
+            "machine": VNNI_MACHINE, "latency": latency}
+
+
+@pytest.fixture
+def evals():
+    return {"fp32": _eval("fp32", 0.98, 1.0, 4_000_000),
+            "dynamic": _eval("dynamic", 0.975, 0.99, 1_040_000),
+            "static": _eval("static", 0.97, 0.985, 1_000_000)}
+
+
+@pytest.fixture
+def benches():
+    return {"fp32": _bench("fp32", FP32_P50, threads=(1, 2)),
+            "dynamic": _bench("dynamic", {"bs1": 0.16, "bs64": 7.5}, threads=(1, 2)),
+            "static": _bench("static", {"bs1": 0.1, "bs64": 3.2}, threads=(1, 2))}
+
+
+def test_summary_has_exactly_the_contract_keys(evals, benches):
+    summary = report.build_summary(evals, benches, threads=1)
+    assert set(summary) == {"fp32", "dynamic", "static"}
+    assert set(summary["fp32"]) == {"accuracy", "size_bytes", "latency_p50_ms"}
+    quantized_keys = {"accuracy", "accuracy_drop_pp", "agreement", "size_bytes", "size_ratio",
+                      "latency_p50_ms", "speedup"}
+    assert set(summary["dynamic"]) == set(summary["static"]) == quantized_keys
+    for entry in summary.values():
+        assert set(entry["latency_p50_ms"]) == {"bs1", "bs64"}
+    assert set(summary["static"]["speedup"]) == {"bs1", "bs64"}
+    json.dumps(summary)
+
+
+def test_summary_arithmetic(evals, benches):
+    s = report.build_summary(evals, benches, threads=1)
+    assert s["fp32"] == {"accuracy": 0.98, "size_bytes": 4_000_000,
+                         "latency_p50_ms": {"bs1": 0.2, "bs64": 8.0}}
+    assert s["dynamic"]["accuracy_drop_pp"] == pytest.approx(0.5)   # (0.98 - 0.975) * 100
+    assert s["static"]["accuracy_drop_pp"] == pytest.approx(1.0)
+    assert s["dynamic"]["agreement"] == 0.99 and s["static"]["agreement"] == 0.985
+    assert s["dynamic"]["size_ratio"] == pytest.approx(0.26)
+    assert s["static"]["size_ratio"] == pytest.approx(0.25)
+    assert s["static"]["latency_p50_ms"] == {"bs1": 0.1, "bs64": 3.2}
+    assert s["static"]["speedup"] == {"bs1": pytest.approx(2.0), "bs64": pytest.approx(2.5)}
+    assert s["dynamic"]["speedup"]["bs1"] == pytest.approx(1.25)
+
+
+def test_summary_uses_the_requested_thread_count(evals, benches):
+    s = report.build_summary(evals, benches, threads=2)
+    assert s["fp32"]["latency_p50_ms"] == {"bs1": pytest.approx(0.1), "bs64": pytest.approx(4.0)}
+    assert s["static"]["latency_p50_ms"]["bs64"] == pytest.approx(1.6)
+
+
+def test_summary_of_an_improving_variant_has_a_negative_drop(evals, benches):
+    evals["static"]["accuracy"] = 0.985
+    assert report.build_summary(evals, benches, 1)["static"]["accuracy_drop_pp"] == pytest.approx(-0.5)
+
+
+# --- gates ------------------------------------------------------------------------------------
+
+def _summary(static_drop=0.2, dynamic_drop=0.1, static_speedup=None):
+    speedup = static_speedup or {"bs1": 2.0, "bs64": 2.4}
+    entry = {"accuracy": 0.97, "agreement": 0.99, "size_bytes": 1, "size_ratio": 0.25,
+             "latency_p50_ms": {k: 1.0 for k in speedup}}
+    return {"fp32": {"accuracy": 0.98, "size_bytes": 4, "latency_p50_ms": {k: 1.0 for k in speedup}},
+            "dynamic": {**entry, "accuracy_drop_pp": dynamic_drop, "speedup": {k: 1.1 for k in speedup}},
+            "static": {**entry, "accuracy_drop_pp": static_drop, "speedup": speedup}}
+
+
+def test_gates_pass_within_limits():
+    gates = GatesParams(max_accuracy_drop_pp=1.0, min_static_speedup=1.5)
+    assert report.check_gates(_summary(static_drop=1.0, dynamic_drop=0.9), gates) == []
+
+
+def test_gate_fails_on_a_large_accuracy_drop():
+    failures = report.check_gates(_summary(static_drop=1.5), GatesParams(max_accuracy_drop_pp=1.0))
+    assert len(failures) == 1
+    assert "static" in failures[0] and "gates.max_accuracy_drop_pp" in failures[0]
+    failures = report.check_gates(_summary(dynamic_drop=3.0), GatesParams(max_accuracy_drop_pp=1.0))
+    assert len(failures) == 1 and failures[0].startswith("dynamic")
+
+
+def test_gate_fails_on_small_static_speedup_at_the_largest_batch():
+    # bs8 sorts after bs64 as text: the largest batch must be found numerically.
+    summary = _summary(static_speedup={"bs1": 3.0, "bs8": 2.0, "bs64": 1.1})
+    failures = report.check_gates(summary, GatesParams(min_static_speedup=1.2))
+    assert len(failures) == 1
+    assert "bs64" in failures[0] and "gates.min_static_speedup" in failures[0]
+
+
+def test_speedup_gate_looks_only_at_the_largest_batch():
+    summary = _summary(static_speedup={"bs1": 0.8, "bs8": 0.9, "bs64": 1.3})
+    assert report.check_gates(summary, GatesParams(min_static_speedup=1.2)) == []
+
+
+def test_both_gates_can_fail_together():
+    summary = _summary(static_drop=2.0, static_speedup={"bs1": 0.5, "bs64": 0.5})
+    assert len(report.check_gates(summary, GatesParams())) == 2
+
+
+# --- slowdown notes ---------------------------------------------------------------------------
+
+def test_slowdown_note_explains_convinteger(evals, benches):
+    evals["dynamic"]["ops"] = {"ConvInteger": 2, "MatMulInteger": 1}
+    benches["dynamic"] = _bench("dynamic", {"bs1": 0.8, "bs64": 32.0})  # 4x slower
+    summary = report.build_summary(evals, benches, 1)
+    notes = report.slowdown_notes(summary, evals, VNNI_MACHINE)
+    assert len(notes) == 1  # static is faster than FP32: no note for it
+    assert notes[0].startswith("dynamic is slower than FP32 at bs1, bs64")
+    assert "ConvInteger" in notes[0] and "quantize_dynamic.op_types" in notes[0]
+
+
+def test_slowdown_note_without_vnni(evals, benches):
+    benches["static"] = _bench("static", {"bs1": 0.4, "bs64": 6.0})  # slower only at bs1
+    summary = report.build_summary(evals, benches, 1)
+    notes = report.slowdown_notes(summary, evals, NO_VNNI_MACHINE)
+    assert len(notes) == 1 and notes[0].startswith("static is slower than FP32 at bs1:")
+    assert "VNNI" in notes[0]
+
+
+def test_slowdown_note_for_a_low_optimization_level(evals, benches):
+    evals["static"]["graph_optimization_level"] = "ORT_ENABLE_BASIC"
+    benches["static"] = _bench("static", {"bs1": 0.4, "bs64": 16.0})
+    notes = report.slowdown_notes(report.build_summary(evals, benches, 1), evals, VNNI_MACHINE)
+    assert len(notes) == 1 and "ORT_ENABLE_EXTENDED" in notes[0]
+
+
+def test_no_slowdown_notes_when_everything_is_faster(evals, benches):
+    summary = report.build_summary(evals, benches, 1)
+    assert report.slowdown_notes(summary, evals, VNNI_MACHINE) == []
+
+
+# --- markdown ---------------------------------------------------------------------------------
+
+def test_markdown_has_a_row_per_variant(evals, benches):
+    summary = report.build_summary(evals, benches, 1)
+    text = report.render_markdown(summary, ["static is slower than FP32 at bs1: why."],
+                                  VNNI_MACHINE, threads=1)
+    lines = text.splitlines()
+    header = lines[2]
+    assert "p50 bs1 (ms)" in header and "speedup bs64" in header
+    rows = {line.split("|")[1].strip(): line for line in lines if line.startswith("| ")}
+    assert set(rows) == {"variant", "fp32", "dynamic", "static"}
+    columns = header.count("|")
+    assert all(row.count("|") == columns for row in rows.values())
+    assert "0.9700" in rows["static"] and "x2.50" in rows["static"] and "1.00" in rows["static"]
+    assert "—" in rows["fp32"]  # no drop/speedup for the baseline
+    assert "- static is slower than FP32 at bs1: why." in text
+    assert "Test CPU" in text and "avx512_vnni" in text and text.endswith("\n")

@@ -1,0 +1,211 @@
+"""quantpipe.onnxutil: export (dynamic batch, parity, determinism), onnxsim, loading, checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+from helpers import OPSET, torch_logits
+from quantpipe import models, onnxutil
+from quantpipe.errors import UserError
+
+SHAPE = (1, 12, 12)  # (C, S, S)
+LEVEL = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+
+
+@pytest.fixture(scope="module")
+def cnn() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return models.build_model("simple_cnn", 1, 12, 4).eval()
+
+
+@pytest.fixture(scope="module")
+def exported(cnn) -> onnx.ModelProto:
+    return onnxutil.export_onnx(cnn, SHAPE, OPSET)
+
+
+@pytest.fixture(scope="module")
+def x() -> np.ndarray:
+    return np.random.default_rng(0).standard_normal((5, *SHAPE)).astype(np.float32)
+
+
+def _session(model: onnx.ModelProto) -> ort.InferenceSession:
+    return onnxutil.make_session(model.SerializeToString(), level=LEVEL)
+
+
+# --- export -----------------------------------------------------------------------------------
+
+def test_export_passes_the_checker_with_named_io(exported):
+    onnx.checker.check_model(exported, full_check=True)
+    assert [i.name for i in exported.graph.input] == [onnxutil.INPUT_NAME]
+    assert [o.name for o in exported.graph.output] == [onnxutil.OUTPUT_NAME]
+    assert any(op.domain in ("", "ai.onnx") and op.version == OPSET for op in exported.opset_import)
+
+
+def test_export_has_a_symbolic_batch_dim(exported):
+    dims = exported.graph.input[0].type.tensor_type.shape.dim
+    assert len(dims) == 4
+    assert dims[0].dim_param and not dims[0].HasField("dim_value")
+    assert [d.dim_value for d in dims[1:]] == list(SHAPE)
+
+
+def test_export_keeps_weights_inline(exported):
+    assert all(init.data_location != TensorProto.EXTERNAL for init in exported.graph.initializer)
+    assert sum(int(np.prod(init.dims)) for init in exported.graph.initializer) >= 8 * 9
+
+
+@pytest.mark.parametrize("batch", [1, 5])
+def test_export_matches_torch(exported, cnn, x, batch):
+    got = _session(exported).run(None, {onnxutil.INPUT_NAME: x[:batch]})[0]
+    assert got.shape == (batch, 4)
+    assert onnxutil.max_abs_diff(got, torch_logits(cnn, x[:batch])) <= 1e-4
+
+
+def test_export_is_byte_deterministic(exported, cnn):
+    again = onnxutil.export_onnx(cnn, SHAPE, OPSET)
+    assert again.SerializeToString() == exported.SerializeToString()
+
+
+def test_export_switches_the_model_to_eval():
+    torch.manual_seed(0)
+    model = models.build_model("mnist_net", 1, 12, 4).train()  # dropout would make it random
+    proto = onnxutil.export_onnx(model, SHAPE, OPSET)
+    assert not model.training
+    assert "Dropout" not in onnxutil.op_counts(proto)
+    xs = np.random.default_rng(1).standard_normal((3, *SHAPE)).astype(np.float32)
+    got = _session(proto).run(None, {onnxutil.INPUT_NAME: xs})[0]
+    assert onnxutil.max_abs_diff(got, torch_logits(model, xs)) <= 1e-4
+
+
+# --- simplify ---------------------------------------------------------------------------------
+
+def test_simplify_keeps_parity_and_does_not_grow(exported, x):
+    simplified = onnxutil.simplify(exported, "exported.onnx")
+    onnx.checker.check_model(simplified)
+    assert len(simplified.graph.node) <= len(exported.graph.node)
+    before = _session(exported).run(None, {onnxutil.INPUT_NAME: x})[0]
+    after = _session(simplified).run(None, {onnxutil.INPUT_NAME: x})[0]
+    assert np.allclose(after, before, atol=1e-5)
+    # The batch axis stays dynamic after simplification.
+    one = _session(simplified).run(None, {onnxutil.INPUT_NAME: x[:1]})[0]
+    assert np.allclose(one, before[:1], atol=1e-5)
+
+
+def test_simplify_folds_constant_subgraphs():
+    # y = x + (c1 * c2): the Mul of two constants must be folded away.
+    c1 = helper.make_tensor("c1", TensorProto.FLOAT, [2], [1.0, 2.0])
+    c2 = helper.make_tensor("c2", TensorProto.FLOAT, [2], [3.0, 4.0])
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["c1", "c2"], ["c"], name="mul"),
+         helper.make_node("Add", ["x", "c"], ["y"], name="add")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 2])], [c1, c2])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    simplified = onnxutil.simplify(model, "tiny")
+    assert onnxutil.op_counts(simplified) == {"Add": 1}
+    xs = np.ones((3, 2), np.float32)
+    out = _session(simplified).run(None, {"x": xs})[0]
+    assert np.allclose(out, xs + np.array([3.0, 8.0], np.float32))
+
+
+# --- load_model / check_and_serialize ---------------------------------------------------------
+
+def test_load_model_round_trip(exported, tmp_path):
+    path = tmp_path / "ok.onnx"
+    path.write_bytes(exported.SerializeToString())
+    assert onnxutil.load_model(path).SerializeToString() == exported.SerializeToString()
+
+
+@pytest.mark.parametrize("kind", ["truncated", "garbage", "empty_graph_text"])
+def test_load_model_bad_file_names_the_file(exported, tmp_path, kind):
+    path = tmp_path / f"{kind}.onnx"
+    blob = exported.SerializeToString()
+    content = {"truncated": blob[: len(blob) // 2],
+               "garbage": b"\x00\xffthis is not a protobuf\x13\x37" * 20,
+               "empty_graph_text": b"hello"}[kind]
+    path.write_bytes(content)
+    with pytest.raises(UserError) as info:
+        onnxutil.load_model(path)
+    assert str(path) in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_load_model_missing_file(tmp_path):
+    with pytest.raises(UserError, match="not found"):
+        onnxutil.load_model(tmp_path / "missing.onnx")
+
+
+def test_check_and_serialize_refuses_an_invalid_model():
+    # A node whose input nobody produces fails onnx.checker.
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["nowhere"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    with pytest.raises(UserError, match="bad.onnx"):
+        onnxutil.check_and_serialize(model, "bad.onnx")
+
+
+def test_check_and_serialize_returns_the_bytes(exported):
+    assert onnxutil.check_and_serialize(exported, "x.onnx") == exported.SerializeToString()
+
+
+# --- sessions and input checks ----------------------------------------------------------------
+
+def test_check_input_matches_accepts_the_right_shape(exported):
+    assert onnxutil.check_input_matches(_session(exported), SHAPE, "m.onnx") == onnxutil.INPUT_NAME
+
+
+@pytest.mark.parametrize("data_shape", [(1, 8, 8), (3, 12, 12), (12, 12), (1, 12, 12, 1)])
+def test_check_input_matches_rejects_other_shapes(exported, data_shape):
+    with pytest.raises(UserError) as info:
+        onnxutil.check_input_matches(_session(exported), data_shape, "m.onnx")
+    assert "m.onnx" in str(info.value)
+    assert ", ".join(map(str, data_shape)) in str(info.value)
+
+
+def test_run_batched_equals_one_big_run(exported, x):
+    session = _session(exported)
+    whole = session.run(None, {onnxutil.INPUT_NAME: x})[0]
+    for batch_size in (1, 2, 3, 5, 64):
+        assert np.allclose(onnxutil.run_batched(session, x, batch_size), whole, atol=1e-5)
+
+
+def test_make_session_from_path_and_threads(exported, tmp_path, x):
+    path = tmp_path / "m.onnx"
+    path.write_bytes(exported.SerializeToString())
+    session = onnxutil.make_session(path, level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+                                    threads=1)
+    assert session.get_providers() == ["CPUExecutionProvider"]
+    assert np.allclose(session.run(None, {"input": x})[0],
+                       _session(exported).run(None, {"input": x})[0], atol=1e-5)
+
+
+# --- op_counts / max_abs_diff -----------------------------------------------------------------
+
+def test_op_counts_counts_and_sorts():
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Relu", ["a"], ["b"]),
+         helper.make_node("Add", ["a", "b"], ["c"]), helper.make_node("Relu", ["c"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    counts = onnxutil.op_counts(helper.make_model(graph))
+    assert counts == {"Add": 1, "Relu": 3}
+    assert list(counts) == ["Add", "Relu"]
+
+
+def test_op_counts_of_the_export(exported):
+    counts = onnxutil.op_counts(exported)
+    assert counts.get("Conv") == 1 and counts.get("MaxPool") == 1
+    assert sum(counts.values()) == len(exported.graph.node)
+
+
+def test_max_abs_diff():
+    a = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
+    b = np.array([[1.5, 2.0], [3.0, 1.0]], np.float32)
+    assert onnxutil.max_abs_diff(a, b) == pytest.approx(3.0)
+    assert onnxutil.max_abs_diff(a, a) == 0.0

@@ -1,0 +1,432 @@
+"""quantpipe.quant on a tiny two-conv + Linear CNN: calibration reader, static/dynamic INT8 graphs,
+exclusion, accuracy vs FP32, and the boundary checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import numpy_helper
+from onnxruntime.quantization import QuantFormat, QuantType
+
+from helpers import TwoConvNet, export_to, info_for, structured_images, trained_on
+from quantpipe import data, onnxutil, quant
+from quantpipe.errors import UserError
+from quantpipe.params import QuantizeDynamicParams, QuantizeStaticParams
+
+SHAPE = (1, 12, 12)
+LEVEL = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+CALIB_BATCH = 16
+
+
+@pytest.fixture(scope="module")
+def calib() -> data.Split:
+    return structured_images(40, size=12, seed=0)  # 40 = 16 + 16 + 8: a ragged last batch
+
+
+@pytest.fixture(scope="module")
+def info(calib) -> data.DataInfo:
+    return info_for(calib)
+
+
+@pytest.fixture(scope="module")
+def fp32_path(tmp_path_factory, calib, info) -> Path:
+    torch.manual_seed(0)
+    # A few training steps give the logits real margins, so the top-1 check below means something.
+    model = trained_on(TwoConvNet(*SHAPE[:2], num_classes=4), data.normalize(calib.x, info), calib.y)
+    return export_to(model, SHAPE, tmp_path_factory.mktemp("quant") / "fp32.onnx")
+
+
+@pytest.fixture(scope="module")
+def fp32(fp32_path) -> onnx.ModelProto:
+    return onnx.load(str(fp32_path))
+
+
+@pytest.fixture(scope="module")
+def conv_names(fp32) -> list[str]:
+    names = [n.name for n in fp32.graph.node if n.op_type == "Conv"]
+    assert len(names) == 2 and all(names)
+    return names
+
+
+def _reader(calib, info, batch_size: int = CALIB_BATCH) -> quant.CalibrationReader:
+    return quant.CalibrationReader(calib.x, info, onnxutil.INPUT_NAME, batch_size)
+
+
+def _val_accuracy(calib: data.Split, info: data.DataInfo):
+    """The fallback's validation callback: ORT top-1 accuracy on the (tiny) calibration set."""
+    x = data.normalize(calib.x, info)
+
+    def accuracy(path: Path) -> float:
+        return float((_logits(path, x).argmax(1) == calib.y).mean())
+    return accuracy
+
+
+def _static_result(fp32_path, tmp_path, calib, info, val_accuracy=None,
+                   **overrides) -> tuple[onnx.ModelProto, quant.StaticResult]:
+    # No accuracy fallback unless a test asks for it: these tests look at plain quantization.
+    overrides.setdefault("max_fallback_steps", 0)
+    out = tmp_path / "static.onnx"
+    result = quant.quantize_static_with_fallback(
+        fp32_path, out, calib.x, info, QuantizeStaticParams(**overrides),
+        val_accuracy or _val_accuracy(calib, info))
+    assert result.symbolic_shape_inference is True
+    return onnxutil.load_model(out), result  # load_model also runs onnx.checker
+
+
+def _static(fp32_path, tmp_path, calib, info, **overrides) -> onnx.ModelProto:
+    return _static_result(fp32_path, tmp_path, calib, info, **overrides)[0]
+
+
+def _dynamic(fp32_path, tmp_path, **overrides) -> onnx.ModelProto:
+    out = tmp_path / "dynamic.onnx"
+    quant.quantize_dynamic_model(fp32_path, out, QuantizeDynamicParams(**overrides))
+    return onnxutil.load_model(out)
+
+
+def _producers(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
+    return {out: node for node in model.graph.node for out in node.output}
+
+
+def _initializer(model: onnx.ModelProto, name: str) -> np.ndarray:
+    (init,) = [i for i in model.graph.initializer if i.name == name]
+    return numpy_helper.to_array(init)
+
+
+def _node(model: onnx.ModelProto, name: str) -> onnx.NodeProto:
+    (node,) = [n for n in model.graph.node if n.name == name]
+    return node
+
+
+def _logits(model: onnx.ModelProto | Path, x: np.ndarray) -> np.ndarray:
+    source = model if isinstance(model, Path) else model.SerializeToString()
+    return onnxutil.run_batched(onnxutil.make_session(source, level=LEVEL), x)
+
+
+# --- CalibrationReader ------------------------------------------------------------------------
+
+def test_reader_yields_normalized_batches_then_none(calib, info):
+    reader = _reader(calib, info)
+    assert len(reader) == 3
+    batches = []
+    while (batch := reader.get_next()) is not None:
+        batches.append(batch)
+    assert [list(b) for b in batches] == [[onnxutil.INPUT_NAME]] * 3
+    assert [b[onnxutil.INPUT_NAME].shape for b in batches] == [(16, *SHAPE), (16, *SHAPE), (8, *SHAPE)]
+    assert all(b[onnxutil.INPUT_NAME].dtype == np.float32 for b in batches)
+    got = np.concatenate([b[onnxutil.INPUT_NAME] for b in batches])
+    assert np.array_equal(got, data.normalize(calib.x, info))
+    assert reader.get_next() is None  # stays exhausted
+
+
+def test_reader_rewind_restarts(calib, info):
+    reader = _reader(calib, info, batch_size=32)
+    first = reader.get_next()[onnxutil.INPUT_NAME]
+    reader.get_next()
+    assert reader.get_next() is None
+    reader.rewind()
+    assert np.array_equal(reader.get_next()[onnxutil.INPUT_NAME], first)
+
+
+def test_reader_uses_the_given_input_name(calib, info):
+    reader = quant.CalibrationReader(calib.x, info, "pixels", 100)
+    assert list(reader.get_next()) == ["pixels"]
+    assert reader.get_next() is None
+
+
+def test_graph_input_is_the_real_input(fp32):
+    assert quant.graph_input(fp32).name == onnxutil.INPUT_NAME
+
+
+# --- static quantization ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def static_default(fp32_path, tmp_path_factory, calib, info) -> onnx.ModelProto:
+    return _static(fp32_path, tmp_path_factory.mktemp("static"), calib, info)
+
+
+def test_static_default_is_qdq(static_default):
+    ops = onnxutil.op_counts(static_default)
+    assert ops.get("QuantizeLinear", 0) >= 3 and ops.get("DequantizeLinear", 0) >= 3
+    assert "QLinearConv" not in ops
+    assert ops.get("Conv") == 2
+
+
+def test_static_default_activations_u8_weights_s8(static_default):
+    producers = _producers(static_default)
+    for conv in (n for n in static_default.graph.node if n.op_type == "Conv"):
+        act_dq, weight_dq = producers[conv.input[0]], producers[conv.input[1]]
+        assert act_dq.op_type == weight_dq.op_type == "DequantizeLinear"
+        assert _initializer(static_default, act_dq.input[2]).dtype == np.uint8
+        assert _initializer(static_default, weight_dq.input[0]).dtype == np.int8
+
+
+def test_static_default_has_per_channel_weight_scales(static_default):
+    producers = _producers(static_default)
+    convs = [n for n in static_default.graph.node if n.op_type == "Conv"]
+    for conv, out_channels in zip(convs, (4, 8)):
+        dq = producers[conv.input[1]]
+        assert dq.op_type == "DequantizeLinear"
+        axis = [a for a in dq.attribute if a.name == "axis"]
+        assert axis and axis[0].i == 0  # output-channel axis of an OIHW weight
+        scale = _initializer(static_default, dq.input[1])
+        assert scale.size == out_channels > 1
+        assert len(np.unique(scale)) > 1  # really one scale per channel
+
+
+def test_static_per_tensor_has_scalar_weight_scales(fp32_path, tmp_path, calib, info):
+    model = _static(fp32_path, tmp_path, calib, info, per_channel=False)
+    producers = _producers(model)
+    convs = [n for n in model.graph.node if n.op_type == "Conv"]
+    assert len(convs) == 2
+    for conv in convs:
+        dq = producers[conv.input[1]]
+        assert dq.op_type == "DequantizeLinear"
+        assert _initializer(model, dq.input[1]).size == 1
+
+
+def test_static_qoperator_gives_qlinearconv(fp32_path, tmp_path, calib, info):
+    model = _static(fp32_path, tmp_path, calib, info, quant_format=QuantFormat.QOperator)
+    ops = onnxutil.op_counts(model)
+    assert ops.get("QLinearConv") == 2
+    assert "Conv" not in ops
+
+
+def test_static_excluded_conv_stays_float(fp32_path, tmp_path, calib, info, conv_names):
+    first, second = conv_names
+    model = _static(fp32_path, tmp_path, calib, info, nodes_to_exclude=(first,))
+    producers = _producers(model)
+    kept = _node(model, first)
+    assert kept.op_type == "Conv"
+    for name in kept.input:  # input, weight, bias: all float, none via DequantizeLinear
+        assert name not in producers or producers[name].op_type != "DequantizeLinear", name
+    assert _initializer(model, kept.input[1]).dtype == np.float32
+    # The other conv is still quantized: the exclusion is by name, not global.
+    assert producers[_node(model, second).input[1]].op_type == "DequantizeLinear"
+
+
+def test_static_excluded_inner_conv_keeps_float_weights(fp32_path, tmp_path, calib, info,
+                                                        conv_names):
+    # In QDQ format the tensor *between* conv1 and conv2 keeps its Q/DQ pair, because conv1's
+    # output is quantized; what exclusion guarantees is float weight and bias for conv2.
+    first, second = conv_names
+    model = _static(fp32_path, tmp_path, calib, info, nodes_to_exclude=(second,))
+    producers = _producers(model)
+    kept = _node(model, second)
+    assert kept.op_type == "Conv"
+    for name in kept.input[1:]:
+        assert name not in producers, name
+        assert _initializer(model, name).dtype == np.float32
+    assert producers[_node(model, first).input[1]].op_type == "DequantizeLinear"
+
+
+def test_static_output_keeps_a_dynamic_batch(static_default, calib, info):
+    dim0 = quant.graph_input(static_default).type.tensor_type.shape.dim[0]
+    assert dim0.dim_param
+    x = data.normalize(calib.x[:7], info)
+    whole = _logits(static_default, x)
+    one_by_one = np.concatenate([_logits(static_default, x[i:i + 1]) for i in range(7)])
+    assert np.allclose(whole, one_by_one, atol=1e-4)
+
+
+def test_static_unknown_excluded_node_is_a_user_error(fp32_path, tmp_path, calib, info):
+    with pytest.raises(UserError) as e:
+        _static(fp32_path, tmp_path, calib, info, nodes_to_exclude=("conv9",))
+    assert "quantize_static.nodes_to_exclude" in str(e.value) and "conv9" in str(e.value)
+    assert not (tmp_path / "static.onnx").exists()
+
+
+# --- accuracy-aware fallback ------------------------------------------------------------------
+
+def _quantized_compute_nodes(model: onnx.ModelProto) -> list[str]:
+    """Conv/Gemm nodes whose weight comes through DequantizeLinear (i.e. run in INT8)."""
+    producers = _producers(model)
+    return [n.name for n in model.graph.node if n.op_type in ("Conv", "Gemm")
+            and n.input[1] in producers and producers[n.input[1]].op_type == "DequantizeLinear"]
+
+
+def _one_point_per_int8_node(path: Path) -> float:
+    """A validation accuracy that loses exactly 1 pp per Conv/Gemm left in INT8, so each
+    fallback step that really leaves a compute node in float wins back exactly 1 pp."""
+    return 1.0 - 0.01 * len(_quantized_compute_nodes(onnx.load(str(path))))
+
+
+def test_fallback_leaves_compute_nodes_float_until_within_the_drop(fp32_path, fp32, tmp_path,
+                                                                   calib, info):
+    model, result = _static_result(fp32_path, tmp_path, calib, info,
+                                   val_accuracy=_one_point_per_int8_node,
+                                   max_accuracy_drop_pp=0.5, max_fallback_steps=3)
+    compute = {n.name for n in fp32.graph.node if n.op_type in ("Conv", "Gemm")}
+    assert result.fp32_val_accuracy == 1.0
+    assert [s["accuracy_drop_pp"] for s in result.steps] == pytest.approx([3.0, 2.0, 1.0, 0.0])
+    assert set(result.fallback_nodes) == compute and len(result.fallback_nodes) == 3
+    assert [s["nodes_in_float"] for s in result.steps] == \
+        [result.fallback_nodes[:i] for i in range(4)]
+    assert result.accuracy_drop_pp == 0.0
+    assert _quantized_compute_nodes(model) == []  # the written model is the last one
+    assert result.calib_samples_used == len(calib)  # MinMax uses every sample
+
+
+def test_fallback_stops_after_max_steps(fp32_path, tmp_path, calib, info):
+    model, result = _static_result(fp32_path, tmp_path, calib, info,
+                                   val_accuracy=_one_point_per_int8_node,
+                                   max_accuracy_drop_pp=0.5, max_fallback_steps=1)
+    assert len(result.steps) == 2 and len(result.fallback_nodes) == 1
+    assert result.accuracy_drop_pp == pytest.approx(2.0)
+    assert len(_quantized_compute_nodes(model)) == 2
+    assert result.fallback_nodes[0] not in _quantized_compute_nodes(model)
+
+
+def test_no_fallback_when_within_the_drop(fp32_path, tmp_path, calib, info):
+    model, result = _static_result(fp32_path, tmp_path, calib, info,
+                                   val_accuracy=_one_point_per_int8_node,
+                                   max_accuracy_drop_pp=3.0, max_fallback_steps=3)
+    assert result.fallback_nodes == [] and len(result.steps) == 1
+    assert len(_quantized_compute_nodes(model)) == 3
+
+
+def _model_with_activation(shape: list, elem_type=onnx.TensorProto.FLOAT) -> onnx.ModelProto:
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Relu", ["x"], ["a"]), onnx.helper.make_node("Relu", ["a"], ["y"])],
+        "g", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, shape)],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, shape)])
+    graph.value_info.append(onnx.helper.make_tensor_value_info("a", elem_type, shape))
+    return onnx.helper.make_model(graph)
+
+
+def test_activation_bytes_per_sample():
+    assert quant.activation_bytes_per_sample(_model_with_activation(["n", 256, 32, 32])) == 2**20
+    assert quant.activation_bytes_per_sample(_model_with_activation(["n", 8, "h", 4])) == 0
+    assert quant.activation_bytes_per_sample(
+        _model_with_activation(["n", 8, 8], onnx.TensorProto.INT64)) == 0
+
+
+def test_calibration_plan_bounds_memory():
+    model = _model_with_activation(["n", 256, 32, 32])  # 1 MiB per sample
+    entropy = QuantizeStaticParams(calibrate_method=quant.CalibrationMethod.Entropy,
+                                   calib_memory_mb=16, calib_batch_size=4)
+    assert quant.calibration_plan(model, entropy, 100) == (16, {})  # first 16 samples fit
+    assert quant.calibration_plan(model, entropy, 10) == (10, {})
+    minmax = QuantizeStaticParams(calib_memory_mb=16, calib_batch_size=4)
+    # MinMax reduces ranges as it goes: every sample, 16 MiB / (4 samples per batch) batches.
+    assert quant.calibration_plan(model, minmax, 100) == (100, {"CalibMaxIntermediateOutputs": 4})
+
+
+# --- dynamic quantization ---------------------------------------------------------------------
+
+def test_dynamic_default_leaves_conv_alone_and_quantizes_linear(fp32_path, tmp_path):
+    ops = onnxutil.op_counts(_dynamic(fp32_path, tmp_path))
+    assert "ConvInteger" not in ops
+    assert ops.get("Conv") == 2
+    assert "MatMulInteger" in ops or "DynamicQuantizeLinear" in ops
+    assert "Gemm" not in ops and "MatMul" not in ops  # the Linear did not stay float
+
+
+def test_dynamic_with_conv_gives_convinteger(fp32_path, tmp_path):
+    ops = onnxutil.op_counts(_dynamic(fp32_path, tmp_path, op_types=("Conv", "MatMul", "Gemm")))
+    assert ops.get("ConvInteger") == 2
+    assert "Conv" not in ops
+
+
+def test_dynamic_weights_are_int8(fp32_path, tmp_path):
+    model = _dynamic(fp32_path, tmp_path)
+    int8 = [i for i in model.graph.initializer if i.data_type == onnx.TensorProto.INT8]
+    assert any(int(np.prod(i.dims)) == 8 * 8 * 8 * 4 for i in int8)  # the Linear's weight
+
+
+def test_dynamic_excluded_linear_stays_float(fp32_path, fp32, tmp_path):
+    (gemm,) = [n.name for n in fp32.graph.node if n.op_type == "Gemm"]
+    assert quant.unknown_nodes(fp32, (gemm,)) == []  # the stage's own check accepts the name
+    ops = onnxutil.op_counts(_dynamic(fp32_path, tmp_path, nodes_to_exclude=(gemm,)))
+    assert "MatMulInteger" not in ops
+
+
+def test_dynamic_gemm_op_type_quantizes_the_linear(fp32_path, fp32, tmp_path):
+    assert "Gemm" in onnxutil.op_counts(fp32)  # the exported Linear is a Gemm
+    ops = onnxutil.op_counts(_dynamic(fp32_path, tmp_path, op_types=("Gemm",)))
+    assert "MatMulInteger" in ops
+
+
+# --- accuracy vs FP32 -------------------------------------------------------------------------
+
+# Each 8-bit MinMax-calibrated tensor is rounded to 1/255 of its range (~0.4%); three
+# requantized activations plus the weights stay within a few steps, so 2% of the FP32 logit
+# range is a loose bound (measured here: ~0.3%). A wrong scale, axis or zero point blows it.
+REL_TOLERANCE = 0.02
+
+
+@pytest.mark.parametrize("variant", ["static", "static_per_tensor", "static_qoperator",
+                                     "dynamic", "dynamic_conv"])
+def test_quantized_stays_close_to_fp32(variant, fp32_path, tmp_path, calib, info):
+    x = data.normalize(calib.x, info)
+    ref = _logits(fp32_path, x)
+    assert (ref.argmax(1) == calib.y).mean() == 1.0  # the tiny model has learned the task
+    model = {
+        "static": lambda: _static(fp32_path, tmp_path, calib, info),
+        "static_per_tensor": lambda: _static(fp32_path, tmp_path, calib, info, per_channel=False),
+        "static_qoperator": lambda: _static(fp32_path, tmp_path, calib, info,
+                                            quant_format=QuantFormat.QOperator),
+        "dynamic": lambda: _dynamic(fp32_path, tmp_path),
+        "dynamic_conv": lambda: _dynamic(fp32_path, tmp_path, op_types=("Conv", "MatMul", "Gemm")),
+    }[variant]()
+    got = _logits(model, x)
+    assert got.shape == ref.shape
+    assert (got.argmax(1) == ref.argmax(1)).mean() >= 0.9
+    assert np.abs(got - ref).max() <= REL_TOLERANCE * (ref.max() - ref.min())
+    assert not np.array_equal(got, ref)  # it really is a different (quantized) computation
+
+
+# --- settings warnings and boundary checks ----------------------------------------------------
+
+def test_slow_combination_warnings_empty_for_defaults():
+    assert quant.slow_combination_warnings(QuantizeStaticParams()) == []
+
+
+def test_slow_combination_warns_for_s8_activations():
+    found = quant.slow_combination_warnings(QuantizeStaticParams(activation_type=QuantType.QInt8))
+    assert len(found) == 1
+    assert "QInt8" in found[0] and "QUInt8" in found[0]
+
+
+def test_slow_combination_names_qoperator():
+    found = quant.slow_combination_warnings(QuantizeStaticParams(
+        activation_type=QuantType.QInt8, quant_format=QuantFormat.QOperator))
+    assert len(found) == 1 and "QOperator" in found[0]
+
+
+def test_slow_combination_warns_for_u8_weights():
+    found = quant.slow_combination_warnings(QuantizeStaticParams(weight_type=QuantType.QUInt8))
+    assert len(found) == 1
+    assert "weight_type: QInt8" in found[0]
+
+
+def test_check_calibration_accepts_matching_data(calib, info, fp32):
+    assert quant.check_calibration(calib.x, info.input_shape, fp32) is None
+
+
+def test_check_calibration_refuses_an_empty_set(info, fp32):
+    with pytest.raises(UserError, match="empty") as e:
+        quant.check_calibration(np.zeros((0, *SHAPE), np.uint8), info.input_shape, fp32)
+    assert "prepare.calib_size" in str(e.value)
+
+
+@pytest.mark.parametrize("shape", [(4, 1, 8, 8), (4, 3, 12, 12)])
+def test_check_calibration_refuses_a_wrong_shape(shape, info, fp32):
+    with pytest.raises(UserError) as e:
+        quant.check_calibration(np.zeros(shape, np.uint8), info.input_shape, fp32)
+    assert str(tuple(shape[1:])) in str(e.value)
+
+
+def test_check_calibration_refuses_a_wrong_rank(info, fp32):
+    with pytest.raises(UserError):
+        quant.check_calibration(np.zeros((4, *SHAPE, 1), np.uint8), info.input_shape, fp32)
+
+
+def test_unknown_nodes(fp32, conv_names):
+    assert quant.unknown_nodes(fp32, tuple(conv_names)) == []
+    assert quant.unknown_nodes(fp32, (conv_names[0], "conv9", "Conv_0")) == ["conv9", "Conv_0"]
+    assert quant.unknown_nodes(fp32, ()) == []
