@@ -23,9 +23,10 @@ def main() -> None:
     notes = report.slowdown_notes(summary, evals, machine)
     write_json("metrics/summary.json", summary)
     write_bytes("metrics/report.md", report.render_markdown(summary, notes, machine, threads).encode())
+    # One row per batch size, one column per variant: `dvc plots` draws a line per column.
     write_json("metrics/plots/latency.json", [
-        {"variant": v, "batch_size": int(k[2:]), "p50_ms": ms}
-        for v, s in summary.items() for k, ms in s["latency_p50_ms"].items()])
+        {"batch_size": int(bs[2:]), **{v: s["latency_p50_ms"][bs] for v, s in summary.items()}}
+        for bs in summary["fp32"]["latency_p50_ms"]])
     # Accuracy vs size: the three ONNX variants (the torch checkpoint is the FP32 weights again).
     write_json("metrics/plots/accuracy_size.json", [
         {"variant": v, "size_mb": round(s["size_bytes"] / 1e6, 4), "accuracy": s["accuracy"]}

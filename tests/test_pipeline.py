@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,15 @@ def test_calib_size_change_reruns_prepare_and_static_branch_not_train(project):
     repo, _ = project
     set_params(repo, {"prepare": {"calib_size": 32}})
     assert reproduce(repo) == {"prepare"} | STATIC_BRANCH
+
+
+def test_plots_show_renders_every_plot(project, tmp_path):
+    repo, _ = project
+    out = tmp_path / "plots"
+    subprocess.run(["dvc", "plots", "show", "-o", str(out)], cwd=repo, check=True,
+                   capture_output=True, text=True)
+    html = (out / "index.html").read_text()
+    for title in ("training curves", "latency vs batch size", "accuracy vs size",
+                  "metrics/plots/confusion_fp32.json", "metrics/plots/confusion_dynamic.json",
+                  "metrics/plots/confusion_static.json", "metrics/plots/sensitivity.json"):
+        assert f'"text": "{title}"' in html, title
