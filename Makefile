@@ -13,7 +13,7 @@ export PATH := $(BIN):$(PATH)
 export DVC_NO_ANALYTICS := 1
 REV ?= main
 
-.PHONY: env repro test diff plots clean
+.PHONY: env repro test diff diff-all plots clean
 
 env: $(STAMP)
 
@@ -32,8 +32,13 @@ repro: env
 test: env
 	python -m pytest -q tests
 
-# Code review: metrics and params of the work tree against REV (default main).
+# Code review: the summary metrics and the params of the work tree against REV (default
+# main). `make diff-all` adds every metrics file (per-class accuracy, all percentiles, ...).
 diff: env
+	dvc metrics diff --md --targets metrics/summary.json -- $(REV)
+	dvc params diff --md $(REV)
+
+diff-all: env
 	dvc metrics diff --md $(REV)
 	dvc params diff --md $(REV)
 

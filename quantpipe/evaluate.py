@@ -57,15 +57,23 @@ def edge_checks(session: ort.InferenceSession, info: DataInfo, x: np.ndarray,
     for name, value in constants.items():
         out = run_batched(session, np.full(shape, value, dtype=np.float32), batch_size=1)
         checks.append(EdgeCheck(f"finite_{name}", bool(np.isfinite(out).all()),
-                                f"input {value:+.3f} everywhere"))
+                                f"input {value:+.3f} everywhere{_non_finite(out)}"))
 
     n = min(len(x), large_batch)
     single = run_batched(session, x[:n], batch_size=1)  # (n, K), one sample per run
     checks.append(EdgeCheck("finite_test_samples", bool(np.isfinite(single).all()),
-                            f"{n} test samples"))
+                            f"{n} test samples{_non_finite(single)}"))
     for name, size in (("batch_1", 1), ("batch_odd", odd_batch), ("batch_large", n)):
         batched = run_batched(session, x[:size], batch_size=size)
-        diff = float(np.abs(batched - single[:size]).max())
+        with np.errstate(invalid="ignore"):  # inf - inf: equal values (infinities too) differ by 0
+            gap = np.where(batched == single[:size], 0.0, np.abs(batched - single[:size]))
+        diff = float(gap.max())
         checks.append(EdgeCheck(name, bool(diff <= atol),
                                 f"batch of {size}: max |batched - single| = {diff:.3g} (atol {atol:g})"))
     return checks
+
+
+def _non_finite(out: np.ndarray) -> str:
+    """'' when every logit is finite, else how many are NaN/Inf (for a check's detail)."""
+    nan, inf = int(np.isnan(out).sum()), int(np.isinf(out).sum())
+    return f": {nan} NaN and {inf} Inf of {out.size} logits" if nan or inf else ""

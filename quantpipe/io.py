@@ -7,9 +7,11 @@ killed half-way never leaves a file that a later `dvc repro` would take as finis
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -23,18 +25,46 @@ def atomic_path(path: Path | str, is_dir: bool = False) -> Iterator[Path]:
     """Yield a temporary path beside `path`; on success rename it over `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    remove_stale_temps(path)
+    # The writer's pid in the name tells a later run whether this temp dir is still in use.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp",
+                                dir=path.parent))
     target = tmp if is_dir else tmp / path.name
     try:
         yield target
         if is_dir:
+            # mkdtemp makes the directory private (0700); publish it with the usual mode.
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(target, 0o777 & ~umask)
             if path.exists():
                 shutil.rmtree(path)
-            os.replace(target, path)
-        else:
-            os.replace(target, path)
+        os.replace(target, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def remove_stale_temps(path: Path) -> None:
+    """Delete temp siblings of `path` (`.NAME.PID.XXXX.tmp`) whose writer is no longer alive.
+
+    A SIGKILLed stage cannot clean up after itself; its half-written temp dir would otherwise
+    stay beside the output for good (DVC never takes it as the output, but nothing removes it).
+    """
+    for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        pid = stale.name[len(path.name) + 2:].split(".", 1)[0]
+        if pid.isdigit() and _alive(int(pid)):
+            continue  # another process is writing it right now
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
 
 
 def write_bytes(path: Path | str, data: bytes) -> None:
@@ -62,6 +92,9 @@ def run_stage(main: Callable[[], None]) -> None:
 
     Set QUANTPIPE_DEBUG=1 to get the full traceback instead.
     """
+    # Python's default SIGTERM action exits without unwinding, leaving atomic_path's temp dirs
+    # behind; as SystemExit the `finally` blocks run (exit code 143, as for a shell).
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         main()
     except UserError as e:
@@ -69,3 +102,7 @@ def run_stage(main: Callable[[], None]) -> None:
             raise
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)

@@ -63,13 +63,31 @@ def torchvision_names() -> list[str]:
     return sorted(torchvision.models.list_models(module=torchvision.models))
 
 
+# `train.model: onnx:<path>` brings an ONNX model trained elsewhere; kept under this folder,
+# which the export stage depends on, so replacing the file re-runs the pipeline.
+ONNX_PREFIX = "onnx:"
+INPUTS_DIR = Path("inputs")
+
+
+def onnx_source(name: str) -> Path | None:
+    """The ONNX file named by `onnx:<path>`, or None for a model trained here."""
+    if not name.startswith(ONNX_PREFIX):
+        return None
+    path = Path(name[len(ONNX_PREFIX):])
+    if path.is_absolute() or INPUTS_DIR not in path.parents:
+        raise UserError(f"train.model = {name!r}: put the model under {INPUTS_DIR}/ (e.g. "
+                        f"onnx:{INPUTS_DIR}/model.onnx) so DVC tracks it as a dependency")
+    return path
+
+
 def check_model_name(name: str) -> None:
-    if name in ZOO:
+    if name in ZOO or onnx_source(name):
         return
     names = torchvision_names()
     if name not in names:
-        raise UserError(f"train.model = {name!r} is not allowed; use one of {list(ZOO)} "
-                        f"or a torchvision classification model such as resnet18, mobilenet_v2")
+        raise UserError(f"train.model = {name!r} is not allowed; use one of {list(ZOO)}, "
+                        f"a torchvision classification model such as resnet18, mobilenet_v2, "
+                        f"or {ONNX_PREFIX}{INPUTS_DIR}/<file>.onnx")
 
 
 def build_model(name: str, channels: int, image_size: int, num_classes: int) -> nn.Module:

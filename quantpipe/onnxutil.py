@@ -67,7 +67,12 @@ def make_session(model: Path | str | bytes, *, level: ort.GraphOptimizationLevel
     options.inter_op_num_threads = 1
     options.log_severity_level = 3  # ORT's warnings about unused initializers are noise here
     source = model if isinstance(model, bytes) else str(model)
-    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    try:
+        return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    except Exception as e:  # ORT's pybind errors (InvalidProtobuf, Fail, ...) share no base class
+        name = "the model in memory" if isinstance(model, bytes) else str(model)
+        raise UserError(f"{name}: ONNX Runtime cannot load it ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0][:200] if str(e) else ''}); re-create it") from None
 
 
 def check_input_matches(session: ort.InferenceSession, input_shape: tuple[int, ...],
@@ -84,6 +89,10 @@ def check_input_matches(session: ort.InferenceSession, input_shape: tuple[int, .
             isinstance(d, int) and d != want for d, want in zip(dims, input_shape)):
         raise UserError(f"{name}: input {spec.name!r} has shape {spec.shape}, but the data is "
                         f"(batch, {', '.join(map(str, input_shape))})")
+    if spec.shape and isinstance(spec.shape[0], int):
+        # Evaluation and benchmarks run batches of 1, odd and large sizes.
+        raise UserError(f"{name}: input {spec.name!r} has shape {spec.shape} with a fixed batch "
+                        f"size of {spec.shape[0]}; re-export it with a dynamic batch axis")
     return spec.name
 
 
@@ -114,3 +123,44 @@ def simplify(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
     if not ok:
         raise UserError(f"{name}: onnxsim could not validate the simplified model")
     return simplified
+
+
+def with_dynamic_batch(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Make a fixed leading (batch) dimension of the graph's inputs and outputs symbolic.
+
+    Models exported elsewhere often have batch 1 baked into the signature; inference at other
+    batch sizes then fails although the graph itself is batch-agnostic.
+    """
+    initializers = {i.name for i in model.graph.initializer}
+    changed = False
+    for value in [*[i for i in model.graph.input if i.name not in initializers], *model.graph.output]:
+        dims = value.type.tensor_type.shape.dim
+        if dims and dims[0].HasField("dim_value"):
+            dims[0].dim_param = "batch"  # clears dim_value (a oneof)
+            changed = True
+    if changed:
+        del model.graph.value_info[:]  # inferred shapes carried the old batch size
+    return model
+
+
+def import_onnx(path: Path, input_shape: tuple[int, int, int], num_classes: int,
+                x: np.ndarray, level: ort.GraphOptimizationLevel) -> tuple[onnx.ModelProto, dict]:
+    """Validate an ONNX model brought from elsewhere against the data; returns it (batch axis
+    made dynamic) and facts for metrics. x: normalized (N, C, S, S) test samples."""
+    model = with_dynamic_batch(load_model(path))
+    blob = check_and_serialize(model, str(path))
+    session = make_session(blob, level=level)
+    check_input_matches(session, input_shape, str(path))
+    try:
+        single = run_batched(session, x[:8], batch_size=1)
+        batched = run_batched(session, x, batch_size=len(x))
+    except Exception as e:  # ORT's Fail/InvalidArgument: a shape baked into the graph
+        raise UserError(f"{path}: fails on a batch of {len(x)} ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0][:200]}); re-export it with a dynamic batch axis") from None
+    if batched.ndim != 2 or batched.shape[1] != num_classes:
+        raise UserError(f"{path}: output has shape {list(batched.shape)}; expected (batch, "
+                        f"{num_classes}) logits for the {num_classes} classes of the data")
+    if not np.isfinite(batched).all():
+        raise UserError(f"{path}: produces NaN/Inf on the test images")
+    return model, {"source": str(path), "batch_max_abs_diff": max_abs_diff(batched[:8], single),
+                   "samples": len(x), "size_bytes": len(blob), "nodes": len(model.graph.node)}

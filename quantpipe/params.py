@@ -20,8 +20,8 @@ from quantpipe.errors import UserError
 
 PARAMS_FILE = Path("params.yaml")
 
-# Built in sources need no path; others read prepare.path (issue: bring your own data).
-SOURCES = ("mnist5k",)
+# mnist5k and digits ship inside installed wheels; the others read prepare.path.
+SOURCES = ("mnist5k", "digits", "imagefolder", "npz", "torchvision:<Name>")
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,12 @@ class PrepareParams:
     path: str | None = None
     # Side of the square images fed to the model (pixels); mnist5k is natively 28.
     image_size: int = 28
+    # 1 or 3 converts every image (grey <-> RGB); null keeps the dataset's own channels.
+    channels: int | None = None
+    # Per-channel normalization of pixel/255; null computes it on the train split. Set it to
+    # what a model brought as ONNX was trained with (e.g. ImageNet's 0.485, 0.456, 0.406).
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
     # Shares of the whole dataset; the rest is train. Stratified, so each class keeps its share.
     val_fraction: float = 0.1
     test_fraction: float = 0.2
@@ -38,7 +44,14 @@ class PrepareParams:
     calib_size: int = 256
 
     def __post_init__(self) -> None:
-        _check(self.source in SOURCES, "prepare.source", self.source, f"one of {list(SOURCES)}")
+        known = self.source in SOURCES or (self.source.startswith("torchvision:")
+                                           and len(self.source) > len("torchvision:"))
+        _check(known, "prepare.source", self.source, f"one of {list(SOURCES)}")
+        _check(self.channels in (None, 1, 3), "prepare.channels", self.channels, "1, 3 or null")
+        _check((self.mean is None) == (self.std is None), "prepare.mean", self.mean,
+               "null together with prepare.std, or a list beside it")
+        _check(self.std is None or all(v > 0 for v in self.std), "prepare.std", self.std,
+               "a list of numbers > 0")
         _check(8 <= self.image_size <= 1024, "prepare.image_size", self.image_size, "8..1024")
         for key in ("val_fraction", "test_fraction"):
             value = getattr(self, key)
@@ -101,6 +114,18 @@ class QuantizeDynamicParams:
                "a non-empty list of op types, e.g. [MatMul, Gemm]")
 
 
+# The extra_options keys ORT's quantize_static reads (onnxruntime/quantization/quantize.py);
+# ORT ignores any other key, so a typo would silently change nothing.
+STATIC_EXTRA_OPTIONS = (
+    "ActivationSymmetric", "WeightSymmetric", "EnableSubgraph", "ForceQuantizeNoInputCheck",
+    "MatMulConstBOnly", "AddQDQPairToWeight", "OpTypesToExcludeOutputQuantization",
+    "DedicatedQDQPair", "QDQOpTypePerChannelSupportToAxis", "QDQKeepRemovableActivations",
+    "QDQDisableWeightAdjustForInt32Bias", "UseQDQContribOps", "MinimumRealRange",
+    "TensorQuantOverrides", "SmoothQuant", "SmoothQuantAlpha", "SmoothQuantFolding",
+    "CalibTensorRangeSymmetric", "CalibStridedMinMax", "CalibMovingAverage",
+    "CalibMovingAverageConstant", "CalibMaxIntermediateOutputs", "CalibPercentile")
+
+
 @dataclass(frozen=True)
 class QuantizeStaticParams:
     # QDQ + U8 activations + S8 weights, per channel: the fast path on x86 (DESIGN.md §3).
@@ -134,6 +159,9 @@ class QuantizeStaticParams:
                self.max_fallback_steps, "an integer >= 0")
         _check(self.calib_batch_size >= 1, "quantize_static.calib_batch_size",
                self.calib_batch_size, "an integer >= 1")
+        for key in self.extra_options:
+            _check(key in STATIC_EXTRA_OPTIONS, f"quantize_static.extra_options.{key}",
+                   self.extra_options[key], f"one of the keys {', '.join(STATIC_EXTRA_OPTIONS)}")
         percentile = self.extra_options.get("CalibPercentile")
         if percentile is not None:
             _check(isinstance(percentile, (int, float)) and 0 < percentile <= 100,
@@ -286,6 +314,11 @@ def _convert(hint, value, key: str):
             raise UserError(f"{key} = {value!r}: expected an integer")
         return value
     if hint is float:
+        if isinstance(value, str):  # YAML 1.1 reads `1e-3` (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise UserError(f"{key} = {value!r}: expected a number")
         return float(value)

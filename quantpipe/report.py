@@ -5,6 +5,8 @@ from __future__ import annotations
 from quantpipe.params import GatesParams
 
 QUANTIZED = ("dynamic", "static")
+# Below this FP32 latency (ms) per-run overhead, not arithmetic, decides INT8 vs FP32.
+TINY_MODEL_MS = 0.05
 
 
 def build_summary(evals: dict[str, dict], benches: dict[str, dict], threads: int,
@@ -68,6 +70,9 @@ def slowdown_notes(summary: dict, evals: dict[str, dict], machine: dict) -> list
             why = "ConvInteger (dynamic quantization of Conv) is slow on x86; keep Conv out of quantize_dynamic.op_types"
         elif level in ("ORT_DISABLE_ALL", "ORT_ENABLE_BASIC"):
             why = f"QDQ pairs are fused into QLinear kernels only at ORT_ENABLE_EXTENDED or above (runtime is {level})"
+        elif min(summary["fp32"]["latency_p50_ms"][k] for k in slow) < TINY_MODEL_MS:
+            why = ("the FP32 model takes only microseconds there, so the fixed cost of quantizing "
+                   "the input and dequantizing the output outweighs the faster INT8 kernels")
         elif variant == "dynamic":
             why = "dynamic quantization re-quantizes activations every run; it pays off on MatMul-heavy models"
         else:

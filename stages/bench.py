@@ -30,6 +30,10 @@ def main() -> None:
     x = data.normalize(data.load_split(PREPARED, "test").x, info)
     models = {name: Path(f"models/{name}.onnx") for name in dict.fromkeys((variant, "fp32"))}
 
+    for path in models.values():  # a bad model fails in one line, before the progress bar
+        onnxutil.check_input_matches(onnxutil.make_session(path, level=level), info.input_shape,
+                                     str(path))
+
     results: dict[str, dict] = {}
     with tqdm(total=len(p.threads) * len(p.batch_sizes) * p.rounds, desc=f"bench {variant}",
               unit="round") as bar:

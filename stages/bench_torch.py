@@ -21,12 +21,20 @@ FP32 = Path("models/fp32.onnx")
 def main() -> None:
     params = load_params()
     p, level = params.bench, params.runtime.graph_optimization_level
+    if models.onnx_source(params.train.model):
+        write_json("metrics/bench/torch.json", {
+            "variant": "torch", "skipped": f"no PyTorch model: train.model is {params.train.model}"})
+        print("bench torch: skipped, the model was brought as ONNX")
+        return
     info = data.load_info(PREPARED)
     test = data.load_split(PREPARED, "test")
     x = data.normalize(test.x, info)
     model = models.build_model(params.train.model, info.channels, info.image_size, info.num_classes)
     models.load_weights(model, MODEL)
     accuracy = float((models.predict_torch(model, x).argmax(1) == test.y).mean())
+
+    # A bad FP32 model fails in one line, before the progress bar.
+    onnxutil.check_input_matches(onnxutil.make_session(FP32, level=level), info.input_shape, str(FP32))
 
     results: dict[str, dict] = {}
     with torch.inference_mode(), tqdm(total=len(p.threads) * len(p.batch_sizes) * p.rounds,

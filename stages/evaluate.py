@@ -35,6 +35,12 @@ def main() -> None:
         onnxutil.make_session(fp32_path, level=level), x, p.batch_size)
     checks = evaluate.edge_checks(session, info, x, odd_batch=ODD_BATCH,
                                   large_batch=p.batch_size, atol=getattr(p.batch_consistency_atol, variant))
+    # Fail before writing: metrics of a model that fails a check (NaN logits, say) must not
+    # replace the last good ones.
+    failed = [c for c in checks if not c.ok]
+    if failed:
+        others = f" (also failed: {', '.join(c.name for c in failed[1:])})" if failed[1:] else ""
+        raise UserError(f"{path}: edge check {failed[0].name} failed: {failed[0].detail}{others}")
     metrics = {
         "variant": variant, **evaluate.accuracy_metrics(logits, ref, test.y, info.num_classes),
         "size_bytes": path.stat().st_size, "ops": onnxutil.op_counts(model),
@@ -43,9 +49,6 @@ def main() -> None:
     write_json(f"metrics/eval/{variant}.json", metrics)
     write_json(f"metrics/plots/confusion_{variant}.json",
                evaluate.confusion_rows(test.y, logits.argmax(1)))
-    failed = [c for c in checks if not c.ok]
-    if failed:
-        raise UserError(f"{path}: edge check {failed[0].name} failed: {failed[0].detail}")
     print(f"evaluate {variant}: accuracy {metrics['accuracy']:.4f}, agreement with fp32 "
           f"{metrics['agreement']:.4f}, {len(checks)} edge checks passed")
 

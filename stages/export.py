@@ -23,12 +23,21 @@ def main() -> None:
     params = load_params()
     info = data.load_info(PREPARED)
     test = data.load_split(PREPARED, "test")
+    x = data.normalize(test.x[:PARITY_SAMPLES], info)
+    source = models.onnx_source(params.train.model)
+    if source:  # bring your own ONNX: validate it against the data instead of exporting
+        proto, facts = onnxutil.import_onnx(source, info.input_shape, info.num_classes, x,
+                                            params.runtime.graph_optimization_level)
+        write_bytes(EXPORTED, proto.SerializeToString())
+        write_json("metrics/export.json", facts)
+        print(f"export: {source} checked against the data ({info.input_shape}, "
+              f"{info.num_classes} classes) -> {EXPORTED}")
+        return
     model = models.build_model(params.train.model, info.channels, info.image_size, info.num_classes)
     models.load_weights(model, MODEL)
     proto = onnxutil.export_onnx(model, info.input_shape, params.export.opset)
     blob = onnxutil.check_and_serialize(proto, str(EXPORTED))
 
-    x = data.normalize(test.x[:PARITY_SAMPLES], info)
     with torch.no_grad():
         expected = models.predict_torch(model, x)
     session = onnxutil.make_session(blob, level=params.runtime.graph_optimization_level)

@@ -20,12 +20,12 @@ CALIBRATION = Path("data/calibration")
 def main() -> None:
     params = load_params()
     p = params.prepare
-    full = data.load_source(p.source)
-    full = data.Split(x=data.resize(full.x, p.image_size), y=full.y)
-    num_classes = int(full.y.max()) + 1
+    full, class_names = data.load_source(p.source, p.path, p.channels, p.image_size)
+    num_classes = data.check_dataset(full, p.path or p.source)
     splits = {name: full.take(idx) for name, idx in data.stratified_split(
         full.y, p.val_fraction, p.test_fraction, seed=params.seed).items()}
-    info = data.compute_info(p.source, splits["train"], num_classes)
+    info = data.compute_info(p.source, splits["train"], num_classes, class_names,
+                             None if p.mean is None else (p.mean, p.std))
     calib = data.draw_calibration(splits["train"], p.calib_size, seed=params.seed)
 
     with atomic_path(PREPARED, is_dir=True) as tmp:

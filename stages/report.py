@@ -18,7 +18,9 @@ def main() -> None:
     evals = {v: read_json(f"metrics/eval/{v}.json") for v in VARIANTS}
     benches = {v: read_json(f"metrics/bench/{v}.json") for v in VARIANTS}
     threads = params.bench.threads[0]
-    summary = report.build_summary(evals, benches, threads, read_json("metrics/bench/torch.json"))
+    torch_bench = read_json("metrics/bench/torch.json")
+    summary = report.build_summary(evals, benches, threads,
+                                   None if "skipped" in torch_bench else torch_bench)
     machine = benches["static"]["machine"]
     notes = report.slowdown_notes(summary, evals, machine)
     write_json("metrics/summary.json", summary)

@@ -19,6 +19,15 @@ MODEL = Path("models/model.pt")
 def main() -> None:
     params = load_params()
     p = params.train
+    models.check_model_name(p.model)
+    if models.onnx_source(p.model):
+        # Nothing to train: the export stage takes the ONNX file. DVC still needs this stage's
+        # outputs, so they say so: an empty state_dict and a metrics file naming the source.
+        write_bytes(MODEL, models.state_dict_bytes(torch.nn.Module()))
+        write_json("metrics/train.json", {"model": p.model, "skipped": "model brought as ONNX"})
+        write_json("metrics/plots/train_curve.json", [])
+        print(f"train: skipped, the model comes from {p.model}")
+        return
     info = data.load_info(PREPARED)
     train, val = data.load_split(PREPARED, "train"), data.load_split(PREPARED, "val")
     torch.manual_seed(params.seed)

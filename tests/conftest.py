@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from dvc.repo import Repo
 
 ROOT = Path(__file__).resolve().parents[1]
 # What a clone needs to run the pipeline; nothing generated is copied.
-PROJECT_FILES = ("dvc.yaml", "params.yaml", ".dvcignore", ".gitignore", "stages", "quantpipe",
+PROJECT_FILES = ("dvc.yaml", "params.yaml", ".dvcignore", ".gitignore", "stages", "quantpipe", "inputs",
                  ".dvc/config", ".dvc/.gitignore")
 
 # Small enough that a full `dvc repro` takes well under a minute on 2 cores.
@@ -64,6 +65,31 @@ def make_project(dest: Path, params: dict | None = None) -> Path:
     git(dest, "add", "-A")
     git(dest, "commit", "-qm", "project")
     return dest
+
+
+def reproduce(repo: Path, *targets: str, force: bool = False) -> set[str]:
+    """`dvc repro` through DVC's Python API in repo; the names of the stages that ran."""
+    cwd = os.getcwd()
+    os.chdir(repo)
+    try:
+        with Repo(str(repo)) as project:
+            ran = project.reproduce(*targets, force=force)
+    finally:
+        os.chdir(cwd)
+    return {stage.addressing for stage in ran}
+
+
+def dvc(cwd: Path, *args: str, env: dict | None = None, check: bool = True,
+        **kwargs) -> subprocess.CompletedProcess:
+    """The dvc CLI in a subprocess (this interpreter's), output captured; fails the test on a
+    non-zero exit unless check=False."""
+    proc = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=cwd,
+                          env=dict(os.environ) if env is None else env,
+                          capture_output=True, text=True, timeout=300, **kwargs)
+    if check and proc.returncode != 0:
+        pytest.fail(f"`dvc {' '.join(args)}` exited {proc.returncode}\n"
+                    f"{proc.stdout}\n{proc.stderr}")
+    return proc
 
 
 @pytest.fixture(autouse=True, scope="session")

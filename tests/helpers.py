@@ -80,3 +80,25 @@ def export_to(model: nn.Module, input_shape: tuple[int, int, int], path: Path) -
 def torch_logits(model: nn.Module, x: np.ndarray) -> np.ndarray:
     with torch.no_grad():
         return model.eval()(torch.from_numpy(x)).numpy()
+
+
+# --- the real pipeline in a throw-away repo (test_failures.py, test_determinism.py) ------------
+
+
+
+def lock_md5s(repo: Path, prefixes: tuple[str, ...] = ("data/", "models/")) -> dict[str, str]:
+    """{out path: md5} of the cached outputs recorded in repo/dvc.lock under the given prefixes."""
+    import yaml
+
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())
+    return {out["path"]: out["md5"] for stage in lock["stages"].values()
+            for out in stage.get("outs", []) if out["path"].startswith(prefixes)}
+
+
+def content_md5s(root: Path, rel: str) -> dict[str, str]:
+    """{relative path: md5} of a file, or of every file under a directory."""
+    import hashlib
+
+    path = root / rel
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    return {str(p.relative_to(root)): hashlib.md5(p.read_bytes()).hexdigest() for p in files}

@@ -245,4 +245,4 @@ def test_load_mnist5k():
 
 def test_unknown_source_is_a_user_error():
     with pytest.raises(UserError, match="prepare.source"):
-        data.load_source("cifar10")
+        data.load_source("cifar10", None, None, size=28)

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
-from dvc.repo import Repo
 
-from conftest import TINY_PARAMS, make_project, set_params
+from conftest import TINY_PARAMS, make_project, reproduce, set_params
 
 ALL_STAGES = {"prepare", "train", "export", "simplify", "quantize_dynamic", "quantize_static",
               *(f"{s}@{v}" for s in ("evaluate", "bench") for v in ("fp32", "dynamic", "static")),
@@ -19,16 +17,6 @@ ALL_STAGES = {"prepare", "train", "export", "simplify", "quantize_dynamic", "qua
 STATIC_BRANCH = {"quantize_static", "evaluate@static", "bench@static", "report"}
 
 
-def reproduce(repo: Path, *targets: str, force: bool = False) -> set[str]:
-    """Run dvc repro in repo; return the names of the stages that ran."""
-    cwd = os.getcwd()
-    os.chdir(repo)
-    try:
-        with Repo(str(repo)) as dvc:
-            ran = dvc.reproduce(*targets, force=force)
-    finally:
-        os.chdir(cwd)
-    return {stage.addressing for stage in ran}
 
 
 def md5(path: Path) -> str:
@@ -94,3 +82,15 @@ def test_plots_show_renders_every_plot(project, tmp_path):
                   "metrics/plots/confusion_fp32.json", "metrics/plots/confusion_dynamic.json",
                   "metrics/plots/confusion_static.json", "metrics/plots/sensitivity.json"):
         assert f'"text": "{title}"' in html, title
+
+
+def test_gates_fail_report_unless_not_enforced(project):
+    repo, _ = project
+    set_params(repo, {"gates": {"min_static_speedup": 1000.0, "enforce": True}})
+    run = subprocess.run(["dvc", "repro"], cwd=repo, capture_output=True, text=True)
+    assert run.returncode != 0
+    assert "gates.min_static_speedup = 1000.0" in run.stderr + run.stdout
+    set_params(repo, {"gates": {"enforce": False}})
+    run = subprocess.run(["dvc", "repro"], cwd=repo, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert "gate: static speedup" in run.stderr + run.stdout  # still reported, as a warning

@@ -1,0 +1,639 @@
+"""Bad input and failures: one clear error line, nothing half-written, safe loading.
+
+Every case runs the real stage script (or the real `dvc`) as a subprocess in a throw-away copy
+of the project, and checks what a user sees: exit code 2 and one `error:` line naming the key
+or file (a traceback only with QUANTPIPE_DEBUG=1), and an untouched workspace.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import psutil
+import pytest
+import torch
+import yaml
+from onnx import TensorProto, helper, numpy_helper
+
+from conftest import ROOT, TINY_PARAMS, make_project, reproduce, set_params
+from helpers import lock_md5s
+from quantpipe import data
+
+DVC = str(Path(sys.executable).parent / "dvc")
+# Slow enough (~0.25 s an epoch here) to signal train mid-way; still only a few seconds.
+EPOCHS = 8
+MODEL_FILES = ("exported.onnx", "fp32.onnx", "dynamic.onnx", "static.onnx")
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+def run_script(cwd: Path, *args: str, debug: bool = False, timeout: int = 180) -> subprocess.CompletedProcess:
+    """`python stages/<args>` in cwd, as DVC runs it."""
+    env = {k: v for k, v in os.environ.items() if k != "QUANTPIPE_DEBUG"}
+    if debug:
+        env["QUANTPIPE_DEBUG"] = "1"
+    script, *rest = args
+    return subprocess.run([sys.executable, f"stages/{script}.py", *rest], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def error_line(result: subprocess.CompletedProcess) -> str:
+    """The single `error:` line of a stage that failed at a boundary (asserting that it did)."""
+    assert result.returncode == 2, (result.returncode, result.stderr[-3000:])
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """{path: md5} of every file under root except git/DVC internals and bytecode caches."""
+    skip = {".git", ".dvc", "__pycache__"}
+    return {str(p.relative_to(root)): hashlib.md5(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*"))
+            if p.is_file() and not skip & set(p.relative_to(root).parts)}
+
+
+def temp_leftovers(root: Path) -> list[str]:
+    """atomic_path's temp dirs (`.NAME.*.tmp`) anywhere in the workspace."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob(".*.tmp")
+                  if ".git" not in p.relative_to(root).parts)
+
+
+def dvc(repo: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([DVC, *args], cwd=repo, capture_output=True, text=True, timeout=timeout)
+
+
+def dvc_changed(repo: Path, stage: str) -> dict:
+    result = dvc(repo, "status", "--json", stage)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def md5(path: Path) -> str | None:
+    return hashlib.md5(path.read_bytes()).hexdigest() if path.exists() else None
+
+
+# --- fixtures ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory) -> Path:
+    """A committed copy of the project with nothing run yet."""
+    return make_project(tmp_path_factory.mktemp("fresh"), TINY_PARAMS)
+
+
+@pytest.fixture
+def with_params(fresh):
+    """Apply params changes to `fresh` for one test; restores params.yaml afterwards."""
+    original = (fresh / "params.yaml").read_text()
+
+    def apply(changes: dict) -> Path:
+        set_params(fresh, changes)
+        return fresh
+
+    yield apply
+    (fresh / "params.yaml").write_text(original)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    """A copy of the project after one complete tiny `dvc repro` (train slow enough to kill)."""
+    repo = make_project(tmp_path_factory.mktemp("built"),
+                        {**TINY_PARAMS, "train": {**TINY_PARAMS["train"], "epochs": EPOCHS}})
+    reproduce(repo)
+    return repo
+
+
+@pytest.fixture
+def workspace(built, tmp_path) -> Path:
+    """A scratch copy of the built workspace (no git, no DVC) to corrupt files in."""
+    dest = tmp_path / "ws"
+    shutil.copytree(built, dest, ignore=shutil.ignore_patterns(".git", ".dvc", "__pycache__"))
+    return dest
+
+
+# --- params: stage-level behaviour (parse-level messages are in test_params.py) ---------------
+
+PARAM_CASES = [
+    # (stage script args, params change, what the line must name)
+    (("train",), {"train": {"epoch": 3}}, ["unknown key train.epoch", "epochs"]),
+    (("quantize_static",), {"quantize_static": {"calibration_method": "Entropy"}},
+     ["unknown key quantize_static.calibration_method", "calibrate_method"]),
+    (("quantize_static",), {"quantize_static": {"per_channel": "yes"}},
+     ["quantize_static.per_channel = 'yes'", "true or false"]),
+    (("train",), {"train": {"epochs": 2.5}}, ["train.epochs = 2.5", "an integer"]),
+    (("quantize_static",), {"quantize_static": {"calibrate_method": "minmax"}},
+     ["quantize_static.calibrate_method = 'minmax'", "'MinMax'", "'Entropy'", "'Percentile'"]),
+    (("quantize_dynamic",), {"quantize_dynamic": {"weight_type": "int8"}},
+     ["quantize_dynamic.weight_type = 'int8'", "'QInt8'", "'QUInt8'"]),
+    (("evaluate", "static"), {"runtime": {"graph_optimization_level": "ORT_ENABLE_MAX"}},
+     ["runtime.graph_optimization_level = 'ORT_ENABLE_MAX'", "'ORT_ENABLE_ALL'"]),
+    (("quantize_static",), {"quantize_static": {"calibrate_method": "Percentile",
+                                                "extra_options": {"CalibPercentile": 0}}},
+     ["quantize_static.extra_options.CalibPercentile = 0", "(0, 100]"]),
+    (("quantize_static",), {"quantize_static": {"calibrate_method": "Percentile",
+                                                "extra_options": {"CalibPercentile": 100.5}}},
+     ["quantize_static.extra_options.CalibPercentile = 100.5", "(0, 100]"]),
+    (("train",), {"train": {"batch_size": 0}}, ["train.batch_size = 0", ">= 1"]),
+    (("evaluate", "fp32"), {"evaluate": {"batch_size": -8}}, ["evaluate.batch_size = -8", ">= 1"]),
+    (("quantize_static",), {"quantize_static": {"calib_batch_size": 0}},
+     ["quantize_static.calib_batch_size = 0", ">= 1"]),
+    (("bench", "fp32"), {"bench": {"batch_sizes": [1, 0]}}, ["bench.batch_sizes = [1, 0]", ">= 1"]),
+    # Valid on its own, impossible with the data: found by prepare after loading the dataset.
+    (("prepare",), {"prepare": {"calib_size": 4000}},
+     ["prepare.calib_size = 4000", "larger than the train split (3500 samples)", "at most 3500"]),
+]
+
+
+@pytest.mark.parametrize("args, changes, expected", PARAM_CASES,
+                         ids=[f"{c[0][0]}:{section}.{next(iter(inner))}"
+                              for c in PARAM_CASES for section, inner in [next(iter(c[1].items()))]])
+def test_bad_params_stop_the_stage_with_one_line_and_write_nothing(with_params, args, changes,
+                                                                    expected):
+    repo = with_params(changes)
+    before = snapshot(repo)
+    line = error_line(run_script(repo, *args))
+    assert line.startswith("error: params.yaml: ") or "calib_size" in line
+    for text in expected:
+        assert text in line
+    assert snapshot(repo) == before  # not even a data/ or metrics/ directory
+    assert temp_leftovers(repo) == []
+
+
+@pytest.mark.parametrize("args, changes", [
+    (("prepare",), {"prepare": {"calib_size": 4000}}),
+    (("quantize_static",), {"quantize_static": {"calibrate_method": "minmax"}}),
+])
+def test_bad_params_with_debug_show_the_traceback(with_params, args, changes):
+    result = run_script(with_params(changes), *args, debug=True)
+    assert result.returncode not in (0, 2)
+    assert "Traceback" in result.stderr
+    assert "quantpipe.errors.UserError" in result.stderr
+
+
+def test_misspelt_extra_option_is_refused(workspace):
+    # ORT ignores unknown keys: without the check the stage would run with the typo unseen.
+    set_params(workspace, {"quantize_static": {"calibrate_method": "Percentile",
+                                               "extra_options": {"CalibPercentil": 99.9}}})
+    line = error_line(run_script(workspace, "quantize_static"))
+    assert "quantize_static.extra_options.CalibPercentil" in line and "CalibPercentile" in line
+
+
+def test_unknown_node_to_exclude_names_the_node_and_the_model(workspace):
+    set_params(workspace, {"quantize_static": {"nodes_to_exclude": ["conv9"]}})
+    before = snapshot(workspace)
+    line = error_line(run_script(workspace, "quantize_static"))
+    assert "quantize_static.nodes_to_exclude" in line and "'conv9'" in line
+    assert "models/fp32.onnx" in line
+    assert snapshot(workspace) == before
+
+
+# --- models: corrupt, mismatched, non-finite ---------------------------------------------------
+
+def corrupt(path: Path, kind: str) -> None:
+    blob = path.read_bytes()
+    path.write_bytes({"truncated": blob[:len(blob) // 2], "garbage": b"\x08\x07not an onnx model",
+                      "empty": b""}[kind])
+
+
+@pytest.mark.parametrize("args, broken, kind", [
+    (("simplify",), "models/exported.onnx", "truncated"),
+    (("quantize_dynamic",), "models/fp32.onnx", "truncated"),
+    (("quantize_static",), "models/fp32.onnx", "truncated"),
+    (("quantize_static",), "models/fp32.onnx", "garbage"),
+    (("quantize_static",), "models/fp32.onnx", "empty"),
+    (("evaluate", "fp32"), "models/fp32.onnx", "truncated"),
+    (("evaluate", "static"), "models/static.onnx", "truncated"),
+    (("evaluate", "static"), "models/fp32.onnx", "garbage"),  # the FP32 reference
+    (("bench", "static"), "models/fp32.onnx", "truncated"),
+    (("bench_torch",), "models/fp32.onnx", "truncated"),
+    (("export",), "models/model.pt", "truncated"),
+])
+def test_corrupt_model_file_is_named_in_one_line(workspace, args, broken, kind):
+    corrupt(workspace / broken, kind)
+    before = snapshot(workspace)
+    line = error_line(run_script(workspace, *args))
+    assert line.startswith(f"error: {broken}: ")
+    assert snapshot(workspace) == before  # the stage's outputs keep their last good version
+    assert temp_leftovers(workspace) == []
+
+
+def linear_model(path: Path, input_shape: list, *, elem_type: int = TensorProto.FLOAT,
+                 bias: np.ndarray | None = None, inf_where: float | None = None) -> Path:
+    """A hand-written ONNX classifier: flatten -> MatMul -> Add, 10 logits.
+
+    elem_type: the input's dtype (cast to float inside); bias: the Add's constant (NaN here makes
+    every logit NaN); inf_where: logits become -inf for samples containing this exact value.
+    """
+    features = int(np.prod(input_shape[1:]))
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.01, (features, 10)).astype(np.float32), "W"),
+             numpy_helper.from_array(np.zeros(10, np.float32) if bias is None else bias, "b")]
+    nodes, x = [], "input"
+    if elem_type != TensorProto.FLOAT:
+        nodes.append(helper.make_node("Cast", ["input"], ["x_float"], to=TensorProto.FLOAT))
+        x = "x_float"
+    nodes += [helper.make_node("Flatten", [x], ["flat"], axis=1),
+              helper.make_node("MatMul", ["flat", "W"], ["mm"])]
+    if inf_where is None:
+        nodes.append(helper.make_node("Add", ["mm", "b"], ["logits"]))
+    else:
+        inits += [numpy_helper.from_array(np.array(inf_where, np.float32), "c"),
+                  numpy_helper.from_array(np.array([1], np.int64), "axis1"),
+                  numpy_helper.from_array(np.array(1, np.float32), "one")]
+        nodes += [helper.make_node("Add", ["mm", "b"], ["finite"]),
+                  helper.make_node("Equal", ["flat", "c"], ["hit"]),
+                  helper.make_node("Cast", ["hit"], ["hit_float"], to=TensorProto.FLOAT),
+                  helper.make_node("ReduceMax", ["hit_float", "axis1"], ["any_hit"], keepdims=1),
+                  helper.make_node("Sub", ["one", "any_hit"], ["keep"]),
+                  helper.make_node("Log", ["keep"], ["penalty"]),  # 0 or -inf, (N, 1)
+                  helper.make_node("Add", ["finite", "penalty"], ["logits"])]
+    graph = helper.make_graph(
+        nodes, "crafted", [helper.make_tensor_value_info("input", elem_type, input_shape)],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [input_shape[0], 10])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    onnx.checker.check_model(model, full_check=True)  # valid ONNX: only the data disagrees
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize("args, shape, elem_type, expected", [
+    (("evaluate", "static"), ["N", 1, 14, 14], TensorProto.FLOAT,
+     ["input 'input' has shape ['N', 1, 14, 14]", "the data is (batch, 1, 28, 28)"]),
+    (("evaluate", "static"), ["N", 3, 28, 28], TensorProto.FLOAT,
+     ["has shape ['N', 3, 28, 28]", "the data is (batch, 1, 28, 28)"]),
+    (("evaluate", "static"), ["N", 1, 28, 28], TensorProto.DOUBLE,
+     ["input 'input' is tensor(double), expected tensor(float)"]),
+    (("evaluate", "static"), [1, 1, 28, 28], TensorProto.FLOAT,
+     ["has shape [1, 1, 28, 28] with a fixed batch size of 1", "dynamic batch axis"]),
+    (("bench", "static"), [1, 1, 28, 28], TensorProto.FLOAT,
+     ["has shape [1, 1, 28, 28] with a fixed batch size of 1"]),
+])
+def test_model_input_that_does_not_fit_the_data_is_named(workspace, args, shape, elem_type,
+                                                         expected):
+    linear_model(workspace / "models/static.onnx", shape, elem_type=elem_type)
+    before = snapshot(workspace)
+    line = error_line(run_script(workspace, *args))
+    assert line.startswith("error: models/static.onnx: ")
+    for text in expected:
+        assert text in line
+    assert snapshot(workspace) == before
+
+
+def test_model_with_nan_logits_fails_evaluate_naming_the_check(workspace):
+    linear_model(workspace / "models/static.onnx", ["N", 1, 28, 28],
+                 bias=np.full(10, np.nan, np.float32))
+    before = snapshot(workspace)
+    line = error_line(run_script(workspace, "evaluate", "static"))
+    assert line.startswith("error: models/static.onnx: edge check finite_zeros failed")
+    assert "NaN" in line
+    # The last good metrics stay: no NaN written into metrics/eval/static.json.
+    assert snapshot(workspace) == before
+
+
+def test_model_with_inf_logits_on_real_images_only_fails_the_test_sample_check(workspace):
+    info = data.load_info(workspace / "data/prepared")
+    test_x = data.load_split(workspace / "data/prepared", "test").x[:TINY_PARAMS["evaluate"]["batch_size"]]
+    # A grey level that occurs in the test images but is none of the constant edge inputs.
+    values, counts = np.unique(test_x[(test_x > 0) & (test_x < 255)], return_counts=True)
+    grey = np.array([[[[values[counts.argmax()]]]]], np.uint8)
+    linear_model(workspace / "models/static.onnx", ["N", 1, 28, 28],
+                 inf_where=float(data.normalize(grey, info).item()))
+    line = error_line(run_script(workspace, "evaluate", "static"))
+    assert line.startswith("error: models/static.onnx: edge check finite_test_samples failed")
+    assert re.search(r"0 NaN and [1-9]\d* Inf of \d+ logits", line)
+
+
+def test_every_onnx_file_the_pipeline_writes_passes_the_full_checker(built):
+    written = sorted(p.name for p in (built / "models").glob("*.onnx"))
+    assert set(MODEL_FILES) <= set(written)
+    for name in written:
+        onnx.checker.check_model(str(built / "models" / name), full_check=True)
+    # model.pt is a plain state_dict: loadable without unpickling arbitrary objects.
+    state = torch.load(built / "models/model.pt", weights_only=True)
+    assert all(isinstance(t, torch.Tensor) for t in state.values())
+
+
+# --- calibration ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", ["empty", "other_size", "other_size_and_meta"])
+def test_unusable_calibration_set_fails_before_ort(workspace, case):
+    calib = workspace / "data/calibration"
+    x = np.load(calib / "calib_x.npy")
+    if case == "empty":
+        np.save(calib / "calib_x.npy", x[:0])
+        np.save(calib / "calib_y.npy", np.load(calib / "calib_y.npy")[:0])
+        expected = ["data/calibration: the calibration set is empty", "prepare.calib_size"]
+    else:
+        np.save(calib / "calib_x.npy", np.ascontiguousarray(x[:, :, ::2, ::2]))  # (N, 1, 14, 14)
+        expected = ["data/calibration: samples of shape (1, 14, 14)"]
+        if case == "other_size_and_meta":
+            meta = json.loads((calib / "meta.json").read_text())
+            (calib / "meta.json").write_text(json.dumps({**meta, "image_size": 14}))
+            expected.append("do not fit the model input [None, 1, 28, 28]")
+        else:
+            expected.append("disagree with its meta.json ((1, 28, 28))")
+    before = snapshot(workspace)
+    line = error_line(run_script(workspace, "quantize_static"))
+    for text in expected:
+        assert text in line
+    assert snapshot(workspace) == before
+    # The check ran before any ORT quantization code: the traceback ends in check_calibration.
+    debug = run_script(workspace, "quantize_static", debug=True)
+    frames = re.findall(r'File "([^"]+)", line \d+, in (\w+)', debug.stderr)
+    assert frames[-1][1] == "check_calibration", debug.stderr
+    assert not any("onnxruntime" in f for f, _ in frames), debug.stderr
+
+
+# --- atomic outputs ---------------------------------------------------------------------------
+
+def test_stale_temps_of_dead_writers_are_removed_live_ones_kept(tmp_path):
+    from quantpipe.io import atomic_path
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    out = tmp_path / "data" / "prepared"
+    stale = [out.parent / f".prepared.{dead}.abc123.tmp", out.parent / ".prepared.k2j_x9.tmp"]
+    live = out.parent / f".prepared.{os.getppid()}.def456.tmp"  # a running process's
+    other = out.parent / f".calibration.{dead}.ghi789.tmp"  # another output's
+    for d in (*stale, live, other):
+        (d / "partial").mkdir(parents=True)
+    with atomic_path(out, is_dir=True) as tmp:
+        (tmp / "train_x.npy").write_bytes(b"complete")
+    assert (out / "train_x.npy").read_bytes() == b"complete"
+    assert not any(d.exists() for d in stale)
+    assert live.exists() and other.exists()
+
+
+def test_dvc_ignores_stray_temp_dirs_beside_outputs(built):
+    """What a SIGKILLed stage leaves (temp dirs beside data/ and models/ outputs) is never taken
+    as an output: the pipeline stays up to date and the recorded hashes do not move."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    planted = [built / f"data/.prepared.{dead}.x1.tmp", built / f"data/.calibration.{dead}.x2.tmp",
+               built / f"models/.model.pt.{dead}.x3.tmp", built / f"models/.static.onnx.{dead}.x4.tmp"]
+    lock = lock_md5s(built)
+    try:
+        for d in planted:
+            d.mkdir()
+            (d / d.name.split(".")[1]).write_bytes(b"half written")
+        result = dvc(built, "status", "--json")
+        assert result.returncode == 0 and json.loads(result.stdout) == {}, result.stdout + result.stderr
+        assert lock_md5s(built) == lock
+    finally:
+        for d in planted:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def start_dvc(repo: Path, *args: str, log: Path) -> subprocess.Popen:
+    """`dvc <args>` in its own process group (so the group can be signalled), output to log."""
+    with open(log, "wb") as out:
+        return subprocess.Popen([DVC, *args], cwd=repo, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def wait_until(proc: subprocess.Popen, ready, what: str, log: Path, timeout: float = 120):
+    """Poll ready() until it returns something truthy, while the process runs."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = ready()
+        if found:
+            return found
+        if proc.poll() is not None:
+            pytest.fail(f"dvc exited ({proc.returncode}) before {what}:\n{log.read_text()[-3000:]}")
+        time.sleep(0.02)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def stage_process(proc: subprocess.Popen, script: str) -> psutil.Process | None:
+    try:
+        children = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return None
+    for child in children:
+        try:
+            if f"stages/{script}.py" in " ".join(child.cmdline()):
+                return child
+        except psutil.NoSuchProcess:
+            continue
+    return None
+
+
+# (stage, params change that makes it out of date with no run-cache entry, output, what is
+# signalled, signal). The target "stage" signals only the stage's python (DVC sees it fail);
+# "group" signals DVC and the stage together (DVC dies too).
+KILL_CASES = [
+    ("train", {"train": {"epochs": EPOCHS + 1}}, "models/model.pt", "stage", signal.SIGTERM),
+    ("train", {"train": {"epochs": EPOCHS + 2}}, "models/model.pt", "group", signal.SIGKILL),
+    ("quantize_static", {"quantize_static": {"per_channel": False}}, "models/static.onnx", "group",
+     signal.SIGTERM),
+    ("quantize_static", {"quantize_static": {"reduce_range": True}}, "models/static.onnx", "stage",
+     signal.SIGKILL),
+]
+
+
+@pytest.mark.parametrize("stage, changes, output, target, sig", KILL_CASES,
+                         ids=[f"{c[0]}-{c[3]}-{c[4].name}" for c in KILL_CASES])
+def test_stage_killed_midway_leaves_nothing_dvc_accepts_and_rerun_recovers(
+        built, tmp_path, stage, changes, output, target, sig):
+    out = built / output
+    previous = lock_md5s(built)[output]
+    set_params(built, changes)
+    log = tmp_path / "dvc.log"
+    proc = start_dvc(built, "repro", stage, log=log)
+    if stage == "train":
+        # The epoch lines show training is under way; the model is written only at the end.
+        running = wait_until(proc, lambda: "epoch 2/" in log.read_text()
+                             and stage_process(proc, stage), "epoch 2", log)
+    else:
+        # The temp dir exists from the start of quantization until the rename at the end.
+        running = wait_until(proc, lambda: list(out.parent.glob(f".{out.name}.*.tmp"))
+                             and stage_process(proc, stage), "a temp output", log)
+    if target == "group":
+        os.killpg(proc.pid, sig)
+    else:
+        running.send_signal(sig)
+    proc.wait(timeout=60)
+    psutil.wait_procs([running], timeout=60)
+    text = log.read_text()
+    assert proc.returncode != 0, text
+
+    # No partial output: the final file is absent (DVC removes outputs before running a
+    # stage) or still the last complete version.
+    assert md5(out) in (None, previous)
+    leftovers = temp_leftovers(built)
+    if sig == signal.SIGTERM:
+        assert leftovers == []  # SIGTERM unwinds: atomic_path removes its temp dir
+        if target == "stage":
+            assert f"failed to reproduce '{stage}'" in text and "exited with 143" in text
+    if target == "stage" and sig == signal.SIGKILL:
+        assert leftovers and all(f".{out.name}." in p for p in leftovers)
+        assert "exited with -9" in text
+    if target == "group" and sig == signal.SIGKILL:
+        # DVC died holding its rwlock: the next dvc command notices the dead pid and goes on
+        # (no need to delete .dvc/tmp/rwlock or .dvc/tmp/lock by hand).
+        assert f'"pid": {proc.pid}' in (built / ".dvc/tmp/rwlock").read_text()
+        status = dvc(built, "status", stage)
+        assert status.returncode == 0, status.stderr
+        assert f"(Pid {proc.pid})" in status.stderr and "had been killed" in status.stderr
+        # Its write locks are dropped; its read locks linger, harmless (reads do not block
+        # reads; a later write to such a path drops them the same way).
+        writers = json.loads((built / ".dvc/tmp/rwlock").read_text())["write"].values()
+        assert proc.pid not in {info["pid"] for info in writers}
+    # DVC does not take the stage as done.
+    assert stage in dvc_changed(built, stage)
+
+    rerun = dvc(built, "repro", stage)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert f"Running stage '{stage}'" in rerun.stdout  # really re-run, not restored
+    assert dvc_changed(built, stage) == {}
+    assert temp_leftovers(built) == []  # the re-run removed what a SIGKILL left
+    assert md5(out) == lock_md5s(built)[output]
+    if stage == "train":
+        state = torch.load(out, weights_only=True)
+        assert state and all(isinstance(t, torch.Tensor) for t in state.values())
+    else:
+        onnx.checker.check_model(str(out), full_check=True)
+
+
+def test_second_repro_while_one_runs_fails_fast_and_the_first_completes(built, tmp_path):
+    model = built / "models/model.pt"
+    before = md5(model)
+    log = tmp_path / "first.log"
+    first = start_dvc(built, "repro", "-f", "train", log=log)
+    wait_until(first, lambda: "epoch 2/" in log.read_text() and stage_process(first, "train"),
+               "epoch 2", log)
+    start = time.monotonic()
+    second = dvc(built, "repro", timeout=120)
+    seconds = time.monotonic() - start
+    assert first.poll() is None, "the first run finished before the second one started"
+    assert second.returncode != 0
+    # During a stage DVC holds per-path rwlocks (the repo lock only between stages).
+    message = second.stderr
+    busy = (f"is busy, it is being blocked by:\n  (PID {first.pid}): {DVC} repro -f train"
+            in message)
+    assert busy or "ERROR: Unable to acquire lock" in message, message
+    assert seconds < 30
+    assert first.wait(timeout=120) == 0, log.read_text()
+    assert md5(model) == before  # deterministic training: the same bytes again
+    assert dvc_changed(built, "train") == {}
+
+
+# --- safe loading and commands ----------------------------------------------------------------
+
+UNSAFE_MODULES = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "joblib", "marshal",
+                  "shelve"}
+SAFE_YAML_LOADERS = {"SafeLoader", "CSafeLoader", "BaseLoader", "CBaseLoader"}
+
+
+def unsafe_loads(source: str, filename: str) -> list[str]:
+    """Calls and imports that can run code while loading a file, as 'file:line: what'."""
+    found = []
+
+    def dotted(node: ast.AST) -> str:
+        if isinstance(node, ast.Attribute):
+            return f"{dotted(node.value)}.{node.attr}"
+        return node.id if isinstance(node, ast.Name) else "?"
+
+    def keyword(call: ast.Call, name: str):
+        for kw in call.keywords:
+            if kw.arg == name:
+                return kw.value
+        return None
+
+    for node in ast.walk(ast.parse(source, filename)):
+        where = f"{filename}:{getattr(node, 'lineno', 0)}"
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            found += [f"{where}: import {n}" for n in names if n.split(".")[0] in UNSAFE_MODULES]
+            if isinstance(node, ast.ImportFrom) and node.module in ("torch", "yaml", "numpy"):
+                found += [f"{where}: from {node.module} import {a.name}" for a in node.names
+                          if a.name in ("load", "unsafe_load", "full_load")]
+            continue
+        if not isinstance(node, ast.Call):
+            continue
+        name = dotted(node.func)
+        last = name.rsplit(".", 1)[-1]
+        if name == "torch.load":
+            flag = keyword(node, "weights_only")
+            if not (isinstance(flag, ast.Constant) and flag.value is True):
+                found.append(f"{where}: torch.load without weights_only=True")
+        elif name in ("np.load", "numpy.load"):
+            flag = keyword(node, "allow_pickle")
+            if flag is not None and not (isinstance(flag, ast.Constant) and flag.value is False):
+                found.append(f"{where}: {name} with allow_pickle")
+        elif name in ("yaml.unsafe_load", "yaml.full_load", "yaml.unsafe_load_all", "yaml.full_load_all"):
+            found.append(f"{where}: {name}")
+        elif name in ("yaml.load", "yaml.load_all"):
+            loader = keyword(node, "Loader") or (node.args[1] if len(node.args) > 1 else None)
+            if loader is None or dotted(loader).rsplit(".", 1)[-1] not in SAFE_YAML_LOADERS:
+                found.append(f"{where}: {name} without SafeLoader")
+        elif last in ("load", "loads") and name.split(".")[0] in UNSAFE_MODULES:
+            found.append(f"{where}: {name}")
+    return found
+
+
+def test_the_unsafe_load_finder_finds_them():
+    bad = """
+import pickle
+import numpy as np, torch, yaml
+torch.load("m.pt")
+torch.load("m.pt", weights_only=False)
+np.load("x.npy", allow_pickle=True)
+yaml.load(text)
+yaml.load(text, Loader=yaml.FullLoader)
+yaml.unsafe_load(text)
+pickle.loads(b"")
+"""
+    assert len(unsafe_loads(bad, "bad.py")) == 8
+    good = """
+import numpy as np, torch, yaml
+torch.load("m.pt", map_location="cpu", weights_only=True)
+np.load("x.npy", allow_pickle=False)
+np.load("x.npy")
+yaml.safe_load(text)
+yaml.load(text, Loader=yaml.SafeLoader)
+"""
+    assert unsafe_loads(good, "good.py") == []
+
+
+def test_no_source_file_loads_unsafely():
+    files = sorted([*(ROOT / "quantpipe").glob("*.py"), *(ROOT / "stages").glob("*.py")])
+    assert len(files) > 10
+    found = [hit for f in files for hit in unsafe_loads(f.read_text(), str(f.relative_to(ROOT)))]
+    assert found == []
+
+
+def test_no_stage_command_is_built_from_param_strings():
+    pipeline = yaml.safe_load((ROOT / "dvc.yaml").read_text())
+    # `vars` defined inline (a mapping), never imported from params.yaml (a string entry).
+    inline = {}
+    for entry in pipeline.get("vars", []):
+        assert isinstance(entry, dict), f"dvc.yaml vars imports {entry!r}: commands could use it"
+        inline.update(entry)
+    assert inline.get("variants") == ["fp32", "dynamic", "static"]
+    for name, stage in pipeline["stages"].items():
+        body = stage.get("do", stage)
+        commands = body["cmd"] if isinstance(body["cmd"], list) else [body["cmd"]]
+        for cmd in commands:
+            interpolated = re.findall(r"\$\{[^}]*\}", cmd)
+            if "foreach" in stage:
+                assert stage["foreach"] == "${variants}", name
+                assert set(interpolated) <= {"${item}"}, (name, cmd)
+            else:
+                assert interpolated == [], (name, cmd)
+            assert re.fullmatch(r"python stages/\w+\.py( \$\{item\})?", cmd), (name, cmd)
