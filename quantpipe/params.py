@@ -141,6 +141,11 @@ class QuantizeStaticParams:
     # Empty means every op type ORT can quantize.
     op_types_to_quantize: tuple[str, ...] = ()
     extra_options: dict = field(default_factory=dict)
+    # Histogram calibration (Entropy, Percentile): bins collected, and for Entropy the bins of
+    # the candidate ranges it compares by KL divergence (ORT's 128/128 default leaves one
+    # candidate, the full range, so Entropy would equal MinMax).
+    calib_num_bins: int = 2048
+    calib_num_quantized_bins: int = 128
     # Calibration memory budget (MiB) for intermediate activations; see quant.calibration_plan.
     calib_memory_mb: int = 2048
     # Accuracy-aware fallback: while the validation accuracy drops by more than this (pp),
@@ -151,6 +156,10 @@ class QuantizeStaticParams:
     allow_accuracy_drop: bool = False
 
     def __post_init__(self) -> None:
+        _check(self.calib_num_quantized_bins >= 2, "quantize_static.calib_num_quantized_bins",
+               self.calib_num_quantized_bins, "an integer >= 2")
+        _check(self.calib_num_bins > self.calib_num_quantized_bins, "quantize_static.calib_num_bins",
+               self.calib_num_bins, f"an integer > calib_num_quantized_bins ({self.calib_num_quantized_bins})")
         _check(self.calib_memory_mb >= 16, "quantize_static.calib_memory_mb", self.calib_memory_mb,
                "an integer >= 16 (MiB)")
         _check(self.max_accuracy_drop_pp >= 0, "quantize_static.max_accuracy_drop_pp",

@@ -37,17 +37,22 @@ class CalibrationReader(CalibrationDataReader):
         self.info = info
         self.input_name = input_name
         self.batch_size = batch_size
-        self.position = 0
+        self.start, self.end, self.position = 0, len(x), 0
 
     def get_next(self) -> dict[str, np.ndarray] | None:
-        if self.position >= len(self.x):
+        if self.position >= self.end:
             return None
-        batch = self.x[self.position:self.position + self.batch_size]
+        batch = self.x[self.position:min(self.position + self.batch_size, self.end)]
         self.position += self.batch_size
         return {self.input_name: normalize(batch, self.info)}  # (b, C, S, S) float32
 
     def rewind(self) -> None:
-        self.position = 0
+        self.position = self.start
+
+    def set_range(self, start_index: int, end_index: int) -> None:
+        """Read only samples [start_index, end_index) (ORT's CalibStridedMinMax slices)."""
+        self.start, self.end = start_index, min(end_index, len(self.x))
+        self.position = self.start
 
     def __len__(self) -> int:
         return -(-len(self.x) // self.batch_size)
@@ -139,15 +144,61 @@ def calibration_plan(model: onnx.ModelProto, p: QuantizeStaticParams, n_samples:
         log.warning("quantize_static: %s calibration keeps every activation in memory; using %d of "
                     "%d samples to stay within calib_memory_mb = %d", p.calibrate_method.name, fit,
                     n_samples, p.calib_memory_mb)
-    return min(fit, n_samples), {}
+    use = min(fit, n_samples)
+    if use > p.calib_batch_size and use % p.calib_batch_size:
+        # ORT's histogram collector stacks all batches into one array: a short last batch
+        # makes it ragged and ORT fails, so only whole batches are used.
+        log.warning("quantize_static: using %d of %d calibration samples, a multiple of "
+                    "calib_batch_size = %d, as %s calibration needs equal batches",
+                    use - use % p.calib_batch_size, use, p.calib_batch_size, p.calibrate_method.name)
+        use -= use % p.calib_batch_size
+    return use, {}
+
+
+def calibrate(pre_path: Path, reader: CalibrationReader, p: QuantizeStaticParams, extra: dict,
+              cache_path: Path) -> None:
+    """Compute activation ranges once and save them where quantize_static reads its
+    calibration cache, so every quantization of the fallback reuses them.
+
+    Calibrating here also reaches the histogram sizes ORT's quantize_static does not pass on:
+    with its Entropy defaults (128 bins searched for a 128-bin range) the only candidate is the
+    full range, i.e. Entropy silently equals MinMax.
+    """
+    from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_data
+
+    options = {**extra, **p.extra_options}
+    names = {"CalibTensorRangeSymmetric": "symmetric", "CalibMovingAverage": "moving_average",
+             "CalibMovingAverageConstant": "averaging_constant",
+             "CalibMaxIntermediateOutputs": "max_intermediate_outputs",
+             "CalibPercentile": "percentile"}
+    args = {arg: options[key] for key, arg in names.items() if key in options}
+    if p.calibrate_method in (CalibrationMethod.Entropy, CalibrationMethod.Percentile):
+        args["num_bins"] = p.calib_num_bins
+        args["num_quantized_bins"] = p.calib_num_quantized_bins
+    with tempfile.TemporaryDirectory() as tmp:
+        calibrator = create_calibrator(
+            pre_path, list(p.op_types_to_quantize) or None,
+            augmented_model_path=str(Path(tmp) / "augmented.onnx"),
+            calibrate_method=p.calibrate_method, extra_options=args)
+        stride = options.get("CalibStridedMinMax")
+        reader.rewind()
+        if stride:  # as ORT does it: ranges collected over slices of the data, then merged
+            for start in range(0, len(reader.x), stride):
+                reader.set_range(start, start + stride)
+                calibrator.collect_data(reader)
+            reader.set_range(0, len(reader.x))
+        else:
+            calibrator.collect_data(reader)
+        save_tensors_data(calibrator.compute_data(), cache_path,
+                          smooth_quant=bool(options.get("SmoothQuant", False)))
 
 
 def quantize_once(pre_path: Path, out_path: Path, reader: CalibrationReader,
-                  p: QuantizeStaticParams, exclude: list[str], extra: dict,
+                  p: QuantizeStaticParams, exclude: list[str], extra: dict, cache_path: Path,
                   quant_format: QuantFormat | None = None) -> None:
     reader.rewind()
     quantize_static(
-        str(pre_path), str(out_path), reader,
+        str(pre_path), str(out_path), reader, calibration_cache_path=str(cache_path),
         quant_format=quant_format or p.quant_format, activation_type=p.activation_type,
         weight_type=p.weight_type, per_channel=p.per_channel, reduce_range=p.reduce_range,
         calibrate_method=p.calibrate_method, nodes_to_exclude=exclude or None,
@@ -164,8 +215,9 @@ def sensitivity(pre_path: Path, qdq_path: Path, reader: CalibrationReader, workd
     """Per-tensor SQNR (dB) of the quantized model against the float model, in graph order.
 
     `model_sqnr_db` compares each tensor with the float model's (errors of earlier layers
-    included); `sqnr_lost_db` is how much of it the producing node loses itself (its worst
-    input's SQNR minus its output's): the node to leave in float is the one that loses most.
+    included); `noise_added` is the noise-to-signal power the producing node adds itself
+    (10^(-out/10) - 10^(-worst input/10)): noise adds up in power, not in dB, so the node to
+    leave in float is the one that adds most.
     """
     from onnxruntime.quantization.qdq_loss_debug import (collect_activations,
                                                          compute_activation_error,
@@ -202,16 +254,17 @@ def sensitivity(pre_path: Path, qdq_path: Path, reader: CalibrationReader, workd
             if effective(out) != out and node.op_type not in ("Relu", "Clip"):
                 out = effective(out)
             if out in sqnr and not (node.op_type in ("Relu", "Clip") and effective(node.input[0]) == out):
+                before = 10 ** (-min(inputs) / 10) if inputs else 0.0
                 rows.append({"tensor": out, "node": node.name, "op_type": node.op_type,
                              "model_sqnr_db": round(sqnr[out], 3),
-                             "sqnr_lost_db": round(min(inputs) - sqnr[out], 3) if inputs else 0.0})
+                             "noise_added": float(f"{10 ** (-sqnr[out] / 10) - before:.4g}")})
     return rows
 
 
 def fallback_order(table: list[dict], already: list[str]) -> list[str]:
-    """Nodes worth leaving in float, the one that loses most SQNR first."""
+    """Nodes worth leaving in float, the one that adds most quantization noise first."""
     rows = sorted((r for r in table if r["node"] and r["op_type"] not in PASSTHROUGH_OPS),
-                  key=lambda r: (-r["sqnr_lost_db"], r["node"]))
+                  key=lambda r: (-r["noise_added"], r["node"]))
     return list(dict.fromkeys(r["node"] for r in rows if r["node"] not in already))
 
 
@@ -252,13 +305,15 @@ def quantize_static_with_fallback(fp32_path: Path, out_path: Path, calib_x: np.n
 
         fp32_acc = val_accuracy(pre)
         excluded = list(p.nodes_to_exclude)
+        cache = workdir / "calibration.json"
+        calibrate(pre, reader, p, extra, cache)
         candidate = workdir / "quantized.onnx"
-        quantize_once(pre, candidate, reader, p, excluded, extra)
+        quantize_once(pre, candidate, reader, p, excluded, extra, cache)
         # SQNR is read from a QDQ twin that keeps Relu/Clip: with them removed (ORT's default),
         # a tensor's pre-QDQ values would be the unclipped ones and its error meaningless.
         twin = workdir / "qdq_twin.onnx"
         quantize_once(pre, twin, reader, p, excluded, {**extra, "QDQKeepRemovableActivations": True},
-                      quant_format=QuantFormat.QDQ)
+                      cache, quant_format=QuantFormat.QDQ)
         table = sensitivity(pre, twin, probe, workdir)
 
         steps = [_step(excluded, val_accuracy(candidate), fp32_acc)]
@@ -269,7 +324,7 @@ def quantize_static_with_fallback(fp32_path: Path, out_path: Path, calib_x: np.n
             fallback.append(ranked.pop(0))
             log.warning("quantize_static: accuracy drop %.2f pp > %.2f pp; leaving %s in float",
                         steps[-1]["accuracy_drop_pp"], p.max_accuracy_drop_pp, fallback[-1])
-            quantize_once(pre, candidate, reader, p, excluded + fallback, extra)
+            quantize_once(pre, candidate, reader, p, excluded + fallback, extra, cache)
             steps.append(_step(excluded + fallback, val_accuracy(candidate), fp32_acc))
         os.replace(candidate, out_path)
     return StaticResult(fp32_val_accuracy=fp32_acc, steps=steps, fallback_nodes=fallback,
