@@ -76,10 +76,11 @@ def machine_info() -> dict:
                 flags = set(line.split(":", 1)[1].split())
     except OSError:  # not Linux: the flags stay unknown
         pass
-    import onnxruntime
+    from importlib.metadata import version  # no need to import torch just for its version
 
     return {"cpu": model, "cpu_flags": {f: f in flags for f in CPU_FLAGS},
-            "onnxruntime": onnxruntime.__version__, "python": platform.python_version()}
+            "onnxruntime": version("onnxruntime"), "torch": version("torch"),
+            "python": platform.python_version()}
 
 
 def as_dict(latency: Latency) -> dict:

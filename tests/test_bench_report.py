@@ -108,7 +108,11 @@ def test_batch_of_takes_the_first_samples():
 
 def test_machine_info_shape():
     info = bench.machine_info()
-    assert set(info) == {"cpu", "cpu_flags", "onnxruntime", "python"}
+    assert set(info) == {"cpu", "cpu_flags", "onnxruntime", "torch", "python"}
+    import onnxruntime
+    import torch
+    assert info["onnxruntime"] == onnxruntime.__version__
+    assert info["torch"] == torch.__version__.split("+")[0] or info["torch"] == torch.__version__
     assert set(info["cpu_flags"]) == set(bench.CPU_FLAGS)
     assert all(isinstance(v, bool) for v in info["cpu_flags"].values())
 
