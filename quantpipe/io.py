@@ -87,6 +87,17 @@ def read_json(path: Path | str) -> dict:
         raise UserError(f"{path}: not valid JSON ({e}); re-run the stage that writes it") from None
 
 
+# The ONNX variants evaluate and bench run on, as dvc.yaml's foreach lists them.
+VARIANTS = ("fp32", "dynamic", "static")
+
+
+def variant_argument(argv: list[str]) -> str:
+    """The single variant named on a stage's command line (`python stages/X.py <variant>`)."""
+    if len(argv) != 2 or argv[1] not in VARIANTS:
+        raise UserError(f"usage: python {argv[0]} {{{'|'.join(VARIANTS)}}}")
+    return argv[1]
+
+
 def run_stage(main: Callable[[], None]) -> None:
     """Run a stage's main(): a UserError becomes one line on stderr and exit code 2.
 

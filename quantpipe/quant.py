@@ -97,6 +97,19 @@ def preprocess(model_path: Path, out_path: Path) -> bool:
         return False
 
 
+def preprocess_checked(model_path: Path, out_path: Path, exclude: tuple[str, ...],
+                       key: str) -> tuple[bool, onnx.ModelProto]:
+    """preprocess(), then check that every name in `exclude` (params key `key`) is a node of
+    the pre-processed graph, the one ORT quantizes. Returns (symbolic shape inference ran, model)."""
+    symbolic = preprocess(model_path, out_path)
+    model = onnx.load(str(out_path))
+    missing = unknown_nodes(model, exclude)
+    if missing:
+        raise UserError(f"{key}: no node named {missing} in {model_path}; its nodes are "
+                        f"{[n.name for n in model.graph.node][:30]}")
+    return symbolic, model
+
+
 def slow_combination_warnings(p: QuantizeStaticParams) -> list[str]:
     """Settings known to make INT8 slower than FP32 on x86 CPUs, each with the faster choice."""
     found = []
@@ -286,17 +299,14 @@ def quantize_static_with_fallback(fp32_path: Path, out_path: Path, calib_x: np.n
                                   info: DataInfo, p: QuantizeStaticParams,
                                   val_accuracy: Callable[[Path], float]) -> StaticResult:
     """quant_pre_process, calibrate and quantize; then, while the validation accuracy drops by
-    more than p.max_accuracy_drop_pp, leave the most sensitive quantized node (lowest SQNR) in
-    float and quantize again, at most p.max_fallback_steps times. Writes the last model."""
+    more than p.max_accuracy_drop_pp, leave the node that adds the most quantization noise
+    (see sensitivity) in float and quantize again, at most p.max_fallback_steps times. All
+    quantizations share one calibration. Writes the last model."""
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         pre = workdir / "preprocessed.onnx"
-        symbolic = preprocess(fp32_path, pre)
-        pre_model = onnx.load(str(pre))
-        missing = unknown_nodes(pre_model, p.nodes_to_exclude)
-        if missing:
-            raise UserError(f"quantize_static.nodes_to_exclude: no node named {missing} in "
-                            f"{fp32_path}; its nodes are {[n.name for n in pre_model.graph.node][:30]}")
+        symbolic, pre_model = preprocess_checked(fp32_path, pre, p.nodes_to_exclude,
+                                                 "quantize_static.nodes_to_exclude")
         n_calib, extra = calibration_plan(pre_model, p, len(calib_x))
         input_name = graph_input(pre_model).name
         reader = CalibrationReader(calib_x[:n_calib], info, input_name, p.calib_batch_size)
@@ -341,12 +351,8 @@ def quantize_dynamic_model(model_path: Path, out_path: Path, p: QuantizeDynamicP
     """Pre-process then dynamically quantize (weights only) the ops in p.op_types."""
     with tempfile.TemporaryDirectory() as tmp:
         pre = Path(tmp) / "preprocessed.onnx"
-        symbolic = preprocess(model_path, pre)
-        pre_model = onnx.load(str(pre))
-        missing = unknown_nodes(pre_model, p.nodes_to_exclude)
-        if missing:
-            raise UserError(f"quantize_dynamic.nodes_to_exclude: no node named {missing} in "
-                            f"{model_path}; its nodes are {[n.name for n in pre_model.graph.node][:30]}")
+        symbolic, pre_model = preprocess_checked(model_path, pre, p.nodes_to_exclude,
+                                                 "quantize_dynamic.nodes_to_exclude")
         op_types, include, exclude = dynamic_selection(pre_model, p.op_types, p.nodes_to_exclude)
         quantize_dynamic(
             str(pre), str(out_path), op_types_to_quantize=op_types, nodes_to_quantize=include,

@@ -12,18 +12,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tqdm import tqdm  # noqa: E402
 
 from quantpipe import bench, data, onnxutil  # noqa: E402
-from quantpipe.errors import UserError  # noqa: E402
-from quantpipe.io import run_stage, write_json  # noqa: E402
+from quantpipe.io import run_stage, variant_argument, write_json  # noqa: E402
 from quantpipe.params import load_params  # noqa: E402
 
 PREPARED = Path("data/prepared")
-VARIANTS = ("fp32", "dynamic", "static")
 
 
 def main() -> None:
-    variant = sys.argv[1] if len(sys.argv) == 2 else ""
-    if variant not in VARIANTS:
-        raise UserError(f"usage: python stages/bench.py {{{'|'.join(VARIANTS)}}}")
+    variant = variant_argument(sys.argv)
     params = load_params()
     p, level = params.bench, params.runtime.graph_optimization_level
     info = data.load_info(PREPARED)

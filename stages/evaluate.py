@@ -8,18 +8,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from quantpipe import data, evaluate, onnxutil  # noqa: E402
 from quantpipe.errors import UserError  # noqa: E402
-from quantpipe.io import run_stage, write_json  # noqa: E402
+from quantpipe.io import run_stage, variant_argument, write_json  # noqa: E402
 from quantpipe.params import load_params  # noqa: E402
 
 PREPARED = Path("data/prepared")
-VARIANTS = ("fp32", "dynamic", "static")
 ODD_BATCH = 7
 
 
 def main() -> None:
-    variant = sys.argv[1] if len(sys.argv) == 2 else ""
-    if variant not in VARIANTS:
-        raise UserError(f"usage: python stages/evaluate.py {{{'|'.join(VARIANTS)}}}")
+    variant = variant_argument(sys.argv)
     params = load_params()
     p, level = params.evaluate, params.runtime.graph_optimization_level
     path, fp32_path = Path(f"models/{variant}.onnx"), Path("models/fp32.onnx")

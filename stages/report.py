@@ -7,10 +7,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from quantpipe import report  # noqa: E402
 from quantpipe.errors import UserError  # noqa: E402
-from quantpipe.io import read_json, run_stage, write_bytes, write_json  # noqa: E402
+from quantpipe.io import VARIANTS, read_json, run_stage, write_bytes, write_json  # noqa: E402
 from quantpipe.params import load_params  # noqa: E402
-
-VARIANTS = ("fp32", "dynamic", "static")
 
 
 def main() -> None:
