@@ -111,7 +111,7 @@ def _stack_resized(images: list[np.ndarray], size: int) -> np.ndarray:
     out = []
     for im in images:
         chw = im[None] if im.ndim == 2 else im.transpose(2, 0, 1)
-        out.append(resize(chw[None], size)[0] if chw.shape[1:] != (size, size) else chw)
+        out.append(resize(chw[None], size)[0])  # resize() returns same-size images as they are
     return np.stack(out)
 
 

@@ -256,18 +256,18 @@ def sensitivity(pre_path: Path, qdq_path: Path, reader: CalibrationReader, workd
 
     def effective(tensor: str) -> str:
         users = consumers.get(tensor, [])
-        if users and all(u.op_type in ("Relu", "Clip") for u in users) and len(users) == 1:
+        if len(users) == 1 and users[0].op_type in ("Relu", "Clip"):
             return effective(users[0].output[0])
         return tensor
 
     rows = []
     for node in nodes:
+        if node.op_type in ("Relu", "Clip") and effective(node.input[0]) == node.output[0]:
+            continue  # folded into its producer's row
         inputs = [sqnr[effective(i)] for i in node.input if effective(i) in sqnr]
-        for out in node.output:
-            if effective(out) != out and node.op_type not in ("Relu", "Clip"):
-                out = effective(out)
-            if out in sqnr and not (node.op_type in ("Relu", "Clip") and effective(node.input[0]) == out):
-                before = 10 ** (-min(inputs) / 10) if inputs else 0.0
+        before = 10 ** (-min(inputs) / 10) if inputs else 0.0
+        for out in map(effective, node.output):
+            if out in sqnr:
                 rows.append({"tensor": out, "node": node.name, "op_type": node.op_type,
                              "model_sqnr_db": round(sqnr[out], 3),
                              "noise_added": float(f"{10 ** (-sqnr[out] / 10) - before:.4g}")})
