@@ -59,13 +59,20 @@ def check_and_serialize(model: onnx.ModelProto, name: str) -> bytes:
 
 
 def make_session(model: Path | str | bytes, *, level: ort.GraphOptimizationLevel,
-                 threads: int = 0) -> ort.InferenceSession:
-    """A CPU session at the given optimization level; threads=0 lets ORT choose."""
+                 threads: int = 0, profile_prefix: str | None = None) -> ort.InferenceSession:
+    """A CPU session at the given optimization level; threads=0 lets ORT choose.
+
+    With profile_prefix, ORT records every run; session.end_profiling() writes the trace to
+    <profile_prefix>_<timestamp>.json (its directory must exist) and returns its path.
+    """
     options = ort.SessionOptions()
     options.graph_optimization_level = level
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.log_severity_level = 3  # ORT's warnings about unused initializers are noise here
+    if profile_prefix is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile_prefix
     source = model if isinstance(model, bytes) else str(model)
     try:
         return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])

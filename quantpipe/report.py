@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from quantpipe.bench import describe_profile
 from quantpipe.params import GatesParams
 
 QUANTIZED = ("dynamic", "static")
@@ -54,8 +55,13 @@ def check_gates(summary: dict, gates: GatesParams) -> list[str]:
     return failures
 
 
-def slowdown_notes(summary: dict, evals: dict[str, dict], machine: dict) -> list[str]:
-    """One line per quantized variant that is slower than FP32 somewhere, saying why."""
+def slowdown_notes(summary: dict, evals: dict[str, dict], machine: dict,
+                   profiles: dict[str, dict] | None = None) -> list[str]:
+    """One line per quantized variant that is slower than FP32 somewhere, saying why.
+
+    profiles: variant -> the kernel_profile of its bench JSON (optional), the evidence for a
+    slowdown that no setting explains.
+    """
     notes = []
     flags = machine.get("cpu_flags", {})
     for variant in QUANTIZED:
@@ -70,18 +76,51 @@ def slowdown_notes(summary: dict, evals: dict[str, dict], machine: dict) -> list
             why = "ConvInteger (dynamic quantization of Conv) is slow on x86; keep Conv out of quantize_dynamic.op_types"
         elif level in ("ORT_DISABLE_ALL", "ORT_ENABLE_BASIC"):
             why = f"QDQ pairs are fused into QLinear kernels only at ORT_ENABLE_EXTENDED or above (runtime is {level})"
-        elif min(summary["fp32"]["latency_p50_ms"][k] for k in slow) < TINY_MODEL_MS:
-            why = ("the FP32 model takes only microseconds there, so the fixed cost of quantizing "
-                   "the input and dequantizing the output outweighs the faster INT8 kernels")
-        elif variant == "dynamic":
-            why = "dynamic quantization re-quantizes activations every run; it pays off on MatMul-heavy models"
         else:
-            why = "check quantize_static.activation_type (QUInt8 is the fast x86 path) and the excluded nodes"
+            # Per batch size: a microsecond model loses to fixed costs, a larger one to its kernels.
+            fp32_ms = summary["fp32"]["latency_p50_ms"]
+            tiny = [k for k in slow if fp32_ms[k] < TINY_MODEL_MS]
+            rest = [k for k in slow if k not in tiny]
+            parts = []
+            if tiny:
+                parts.append(f"at {', '.join(tiny)} the FP32 model takes only microseconds, so the "
+                             "fixed cost of quantizing the input and dequantizing the output "
+                             "outweighs the faster INT8 kernels")
+            if rest:
+                parts.append(f"at {', '.join(rest)} " + _kernel_cause(variant, profiles or {}))
+            why = "; ".join(parts)
         notes.append(f"{variant} is slower than FP32 at {', '.join(slow)}: {why}.")
     return notes
 
 
-def render_markdown(summary: dict, notes: list[str], machine: dict, threads: int) -> str:
+def _kernel_cause(variant: str, profiles: dict[str, dict]) -> str:
+    """Why a variant loses where the FP32 model is not tiny, with the bench profile as evidence."""
+    profile, fp32 = profiles.get(variant), profiles.get("fp32")
+    measured = bool(profile and profile["top_nodes"] and fp32 and profile["kernel_ms"])
+    if variant == "dynamic":
+        if not measured:
+            return ("dynamic quantization re-quantizes activations every run; it pays off on "
+                    "MatMul-heavy models")
+        int8_ms = sum(ms for op, ms in profile["by_op_ms"].items()
+                      if op.startswith("DynamicQuantize") or "Integer" in op)
+        return (f"only {int8_ms / profile['kernel_ms']:.0%} of its kernel time (profiled at "
+                f"bs{profile['batch_size']}) is in INT8 kernels, so there is little to gain while "
+                "activations are re-quantized every run; dynamic quantization pays off on "
+                "MatMul-heavy models")
+    advice = ("INT8 kernels gain little on layers with little arithmetic per value, and a first "
+              "Conv on 1-3 input channels can be slower than float; check "
+              "quantize_static.activation_type (QUInt8 is the fast x86 path) and README, "
+              "Troubleshooting")
+    if not measured:
+        return advice
+    top = profile["top_nodes"][0]
+    return (f"its slowest kernel is {top['op']} {top['node']!r} (profiled at "
+            f"bs{profile['batch_size']}: {top['ms']:.2f} ms, {top['share']:.0%} of its "
+            f"{profile['kernel_ms']:.2f} ms; FP32's kernels take {fp32['kernel_ms']:.2f} ms); {advice}")
+
+
+def render_markdown(summary: dict, notes: list[str], machine: dict, threads: int,
+                    profiles: dict[str, dict] | None = None) -> str:
     sizes = sorted({k for v in summary.values() for k in v["latency_p50_ms"]}, key=lambda k: int(k[2:]))
     head = ["variant", "accuracy", "drop (pp)", "agreement", "size (MB)", "size ratio"]
     head += [f"p50 {k} (ms)" for k in sizes] + [f"speedup {k}" for k in sizes]
@@ -98,6 +137,12 @@ def render_markdown(summary: dict, notes: list[str], machine: dict, threads: int
             f"CPU: {machine.get('cpu', 'unknown')} ({flags}); onnxruntime "
             f"{machine.get('onnxruntime', '?')}; {threads} intra-op thread(s). Speedups are "
             "measured against FP32 in the same interleaved rounds."]
+    if profiles:
+        # Where the time goes, from one ORT profile per variant (metrics/bench/<variant>.json).
+        first = next(iter(profiles.values()))
+        text += ["", f"Kernel time at bs{first['batch_size']} ({first['threads']} thread(s), ORT "
+                 "profile): " + "; ".join(f"{v} {describe_profile(p)}" for v, p in profiles.items())
+                 + "."]
     if notes:
         text += ["", *[f"- {n}" for n in notes]]
     return "\n".join(text) + "\n"

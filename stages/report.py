@@ -20,9 +20,11 @@ def main() -> None:
     summary = report.build_summary(evals, benches, threads,
                                    None if "skipped" in torch_bench else torch_bench)
     machine = benches["static"]["machine"]
-    notes = report.slowdown_notes(summary, evals, machine)
+    profiles = {v: b["kernel_profile"] for v, b in benches.items() if "kernel_profile" in b}
+    notes = report.slowdown_notes(summary, evals, machine, profiles)
     write_json("metrics/summary.json", summary)
-    write_bytes("metrics/report.md", report.render_markdown(summary, notes, machine, threads).encode())
+    write_bytes("metrics/report.md",
+                report.render_markdown(summary, notes, machine, threads, profiles).encode())
     # One row per batch size, one column per variant: `dvc plots` draws a line per column.
     write_json("metrics/plots/latency.json", [
         {"batch_size": int(bs[2:]), **{v: s["latency_p50_ms"][bs] for v, s in summary.items()}}

@@ -7,9 +7,12 @@ import json
 import time
 
 import numpy as np
+import onnxruntime as ort
 import pytest
+import torch
+from helpers import TwoConvNet, export_to, info_for, structured_images
 
-from quantpipe import bench, report
+from quantpipe import bench, data, onnxutil, report
 from quantpipe.params import GatesParams
 
 VNNI_MACHINE = {"cpu": "Test CPU", "cpu_flags": {f: f in ("avx2", "avx512f", "avx512_vnni")
@@ -117,6 +120,54 @@ def test_machine_info_shape():
     assert all(isinstance(v, bool) for v in info["cpu_flags"].values())
 
 
+# --- kernel profile ---------------------------------------------------------------------------
+
+def test_kernel_profile_accounts_for_every_kernel_of_the_model(tmp_path):
+    torch.manual_seed(0)
+    path = export_to(TwoConvNet().eval(), (1, 12, 12), tmp_path / "m.onnx")
+    level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # no fusion: one kernel per ONNX node
+    session = onnxutil.make_session(path, level=level, threads=1,
+                                    profile_prefix=str(tmp_path / "ort"))
+    x = np.random.default_rng(0).standard_normal((8, 1, 12, 12)).astype(np.float32)
+    profile = bench.kernel_profile(session, x, runs=5, top=2)
+
+    assert profile["batch_size"] == 8 and profile["runs"] == 5
+    assert profile["by_op_ms"].keys() == {"Conv", "Relu", "Reshape", "Gemm"}
+    assert sum(profile["by_op_ms"].values()) == pytest.approx(profile["kernel_ms"], abs=1e-3)
+    assert list(profile["by_op_ms"].values()) == sorted(profile["by_op_ms"].values(), reverse=True)
+    top = profile["top_nodes"]
+    assert len(top) == 2 and top[0]["ms"] >= top[1]["ms"] > 0
+    assert top[0]["share"] == pytest.approx(top[0]["ms"] / profile["kernel_ms"], abs=1e-3)
+    assert top[0]["op"] in profile["by_op_ms"]
+    line = bench.describe_profile(profile, ops=2)
+    assert line.startswith(f"{profile['kernel_ms']:.2f} ms (") and line.count("%") == 2
+    # The largest op type first whatever the key order (write_json sorts keys); under 1% left out.
+    assert bench.describe_profile({"kernel_ms": 10.0, "by_op_ms": {"Add": 0.04, "Conv": 0.96,
+                                                                   "Gemm": 9.0}}) == \
+        "10.00 ms (Gemm 90%, Conv 10%)"
+
+
+def test_kernel_profile_of_a_qdq_model_names_the_fused_int8_kernels(tmp_path):
+    from onnxruntime.quantization import QuantFormat, quantize_static
+
+    from quantpipe.quant import CalibrationReader
+
+    torch.manual_seed(0)
+    fp32 = export_to(TwoConvNet().eval(), (1, 12, 12), tmp_path / "fp32.onnx")
+    images = structured_images(16)
+    info = info_for(images)
+    int8 = tmp_path / "int8.onnx"
+    quantize_static(str(fp32), str(int8),
+                    CalibrationReader(images.x, info, onnxutil.INPUT_NAME, batch_size=8),
+                    quant_format=QuantFormat.QDQ, per_channel=True)
+    x = data.normalize(images.x, info)
+    session = onnxutil.make_session(int8, level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+                                    threads=1, profile_prefix=str(tmp_path / "ort"))
+    profile = bench.kernel_profile(session, x, runs=3)
+    assert "QLinearConv" in profile["by_op_ms"]  # what the QDQ pairs became at ENABLE_ALL
+    assert "Conv" not in profile["by_op_ms"]
+
+
 # --- report: inputs shaped like stages/evaluate.py and stages/bench.py write them -------------
 
 def _eval(variant, accuracy, agreement, size_bytes, ops=None):
@@ -139,12 +190,12 @@ def _row(p50, fp32_p50=None):
 FP32_P50 = {"bs1": 0.2, "bs64": 8.0}
 
 
-def _bench(variant, p50s, threads=(1,)):
+def _bench(variant, p50s, threads=(1,), fp32_p50=FP32_P50):
     latency = {}
     for t in threads:
         scale = 1 / t  # more threads, faster: a different, recognisable number per thread count
         latency[f"threads{t}"] = {
-            bs: _row(p50 * scale, None if variant == "fp32" else FP32_P50[bs] * scale)
+            bs: _row(p50 * scale, None if variant == "fp32" else fp32_p50[bs] * scale)
             for bs, p50 in p50s.items()}
     return {"variant": variant, "graph_optimization_level": "ORT_ENABLE_ALL",
             "machine": VNNI_MACHINE, "latency": latency}
@@ -269,6 +320,49 @@ def test_slowdown_note_for_a_low_optimization_level(evals, benches):
     benches["static"] = _bench("static", {"bs1": 0.4, "bs64": 16.0})
     notes = report.slowdown_notes(report.build_summary(evals, benches, 1), evals, VNNI_MACHINE)
     assert len(notes) == 1 and "ORT_ENABLE_EXTENDED" in notes[0]
+
+
+def _profile(kernel_ms, top_op, top_node, top_ms, batch_size=64):
+    return {"threads": 1, "batch_size": batch_size, "runs": 20, "kernel_ms": kernel_ms,
+            "by_op_ms": {top_op: top_ms, "MaxPool": round(kernel_ms - top_ms, 4)},
+            "top_nodes": [{"node": top_node, "op": top_op, "ms": top_ms,
+                           "share": round(top_ms / kernel_ms, 3)}]}
+
+
+def test_slowdown_note_separates_a_microsecond_batch_from_a_slow_kernel(evals, benches):
+    # FP32 takes 0.02 ms at bs1 (fixed costs decide) but 8 ms at bs64 (kernels decide).
+    fp32_p50 = {"bs1": 0.02, "bs64": 8.0}
+    benches["fp32"] = _bench("fp32", fp32_p50)
+    benches["static"] = _bench("static", {"bs1": 0.03, "bs64": 10.0}, fp32_p50=fp32_p50)
+    summary = report.build_summary(evals, benches, 1)
+    profiles = {"fp32": _profile(7.9, "Conv", "conv1_nchwc", 6.0),
+                "static": _profile(9.8, "QLinearConv", "node_conv2d_token_1", 7.35)}
+    notes = report.slowdown_notes(summary, evals, VNNI_MACHINE, profiles)
+    assert len(notes) == 1
+    note = notes[0]
+    assert note.startswith("static is slower than FP32 at bs1, bs64: at bs1 the FP32 model takes "
+                           "only microseconds")
+    assert ("; at bs64 its slowest kernel is QLinearConv 'node_conv2d_token_1' (profiled at "
+            "bs64: 7.35 ms, 75% of its 9.80 ms; FP32's kernels take 7.90 ms)") in note
+    # Without profiles the same note still explains both batch sizes.
+    plain = report.slowdown_notes(summary, evals, VNNI_MACHINE)[0]
+    assert "at bs1 the FP32 model" in plain and "at bs64 INT8 kernels gain little" in plain
+
+    # A dynamic slowdown at bs64 is put down to how little of the time its INT8 kernels take.
+    benches["dynamic"] = _bench("dynamic", {"bs1": 0.01, "bs64": 8.5}, fp32_p50=fp32_p50)
+    with_dynamic = report.build_summary(evals, benches, 1)
+    profiles["dynamic"] = {**_profile(8.4, "Conv", "conv1_nchwc", 6.0),
+                           "by_op_ms": {"Conv": 6.0, "DynamicQuantizeMatMul": 0.84, "MaxPool": 1.56}}
+    dynamic_note = report.slowdown_notes(with_dynamic, evals, VNNI_MACHINE, profiles)[0]
+    assert dynamic_note == (
+        "dynamic is slower than FP32 at bs64: at bs64 only 10% of its kernel time (profiled at "
+        "bs64) is in INT8 kernels, so there is little to gain while activations are re-quantized "
+        "every run; dynamic quantization pays off on MatMul-heavy models.")
+
+    text = report.render_markdown(summary, notes, VNNI_MACHINE, threads=1, profiles=profiles)
+    assert ("Kernel time at bs64 (1 thread(s), ORT profile): fp32 7.90 ms (Conv 76%, MaxPool 24%); "
+            "static 9.80 ms (QLinearConv 75%, MaxPool 25%); dynamic 8.40 ms (Conv 71%, MaxPool 19%, "
+            "DynamicQuantizeMatMul 10%).") in text
 
 
 def test_no_slowdown_notes_when_everything_is_faster(evals, benches):
