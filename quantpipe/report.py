@@ -108,7 +108,7 @@ def _kernel_cause(variant: str, profiles: dict[str, dict]) -> str:
                 "activations are re-quantized every run; dynamic quantization pays off on "
                 "MatMul-heavy models")
     advice = ("INT8 kernels gain little on layers with little arithmetic per value, and a first "
-              "Conv on 1-3 input channels can be slower than float; check "
+              "Conv on few input channels (one, for grey images) can be slower than float; check "
               "quantize_static.activation_type (QUInt8 is the fast x86 path) and README, "
               "Troubleshooting")
     if not measured:
