@@ -15,6 +15,8 @@ from typing import Callable
 
 import numpy as np
 
+from quantpipe.params import BenchParams
+
 # CPU flags that decide whether INT8 can be fast (VNNI: u8*s8 dot products in one instruction).
 CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
 
@@ -61,6 +63,37 @@ def measure(runners: dict[str, Runner], x: np.ndarray, *, warmup: int, runs: int
     return {name: summarize(t, len(x)) for name, t in times.items()}
 
 
+def session_runner(session) -> Runner:
+    """A runner that feeds a batch to an ORT session's single input."""
+    name = session.get_inputs()[0].name
+    return lambda batch: session.run(None, {name: batch})
+
+
+def latency_table(runners_for: Callable[[int], dict[str, Runner]], variant: str, x: np.ndarray,
+                  p: BenchParams, desc: str) -> dict[str, dict[str, dict]]:
+    """{"threadsT": {"bsN": row}} over p.threads and p.batch_sizes, with a progress bar.
+
+    runners_for(threads) gives the runners of `variant` and "fp32", timed in the same
+    interleaved rounds; a row of any other variant than fp32 also holds the FP32 median
+    (baseline_p50_ms) and speedup = FP32 p50 / its p50, so machine drift cancels out.
+    """
+    from tqdm import tqdm
+
+    results: dict[str, dict[str, dict]] = {}
+    with tqdm(total=len(p.threads) * len(p.batch_sizes) * p.rounds, desc=desc, unit="round") as bar:
+        for threads in p.threads:
+            runners = runners_for(threads)
+            for bs in p.batch_sizes:
+                lat = measure(runners, batch_of(x, bs), warmup=p.warmup, runs=p.runs,
+                              rounds=p.rounds, tick=lambda: bar.update(1))
+                row = as_dict(lat[variant])
+                if variant != "fp32":
+                    row["baseline_p50_ms"] = lat["fp32"].p50_ms
+                    row["speedup"] = round(lat["fp32"].p50_ms / lat[variant].p50_ms, 4)
+                results.setdefault(f"threads{threads}", {})[f"bs{bs}"] = row
+    return results
+
+
 def batch_of(x: np.ndarray, size: int) -> np.ndarray:
     """The first `size` samples of x, repeated if x is shorter. (size, C, S, S)"""
     reps = -(-size // len(x))
@@ -96,9 +129,9 @@ def kernel_profile(session, x: np.ndarray, *, runs: int, top: int = 5) -> dict:
     Each node's time is its median over runs + 1 runs (the first is the warm-up, and a median
     of the rest is not moved by it). Times exclude ORT's per-run overhead outside the kernels.
     """
-    name = session.get_inputs()[0].name
+    run = session_runner(session)
     for _ in range(runs + 1):
-        session.run(None, {name: x})
+        run(x)
     events = json.loads(Path(session.end_profiling()).read_text())
     per_node: dict[tuple[str, str], list[float]] = {}
     for event in events:

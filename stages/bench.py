@@ -11,8 +11,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tqdm import tqdm  # noqa: E402
-
 from quantpipe import bench, data, onnxutil  # noqa: E402
 from quantpipe.io import run_stage, variant_argument, write_json  # noqa: E402
 from quantpipe.params import load_params  # noqa: E402
@@ -33,21 +31,11 @@ def main() -> None:
         onnxutil.check_input_matches(onnxutil.make_session(path, level=level), info.input_shape,
                                      str(path))
 
-    results: dict[str, dict] = {}
-    with tqdm(total=len(p.threads) * len(p.batch_sizes) * p.rounds, desc=f"bench {variant}",
-              unit="round") as bar:
-        for threads in p.threads:
-            sessions = {name: onnxutil.make_session(path, level=level, threads=threads)
-                        for name, path in models.items()}
-            runners = {name: _runner(s) for name, s in sessions.items()}
-            for bs in p.batch_sizes:
-                lat = bench.measure(runners, bench.batch_of(x, bs), warmup=p.warmup,
-                                    runs=p.runs, rounds=p.rounds, tick=lambda: bar.update(1))
-                row = bench.as_dict(lat[variant])
-                if variant != "fp32":
-                    row["baseline_p50_ms"] = lat["fp32"].p50_ms
-                    row["speedup"] = round(lat["fp32"].p50_ms / lat[variant].p50_ms, 4)
-                results.setdefault(f"threads{threads}", {})[f"bs{bs}"] = row
+    def runners_for(threads: int) -> dict[str, bench.Runner]:
+        return {name: bench.session_runner(onnxutil.make_session(path, level=level, threads=threads))
+                for name, path in models.items()}
+
+    results = bench.latency_table(runners_for, variant, x, p, desc=f"bench {variant}")
     # Profiling slows every run a little, so it is a separate session after the timed rounds.
     profile_threads = p.threads[0]
     with tempfile.TemporaryDirectory() as tmp:
@@ -64,11 +52,6 @@ def main() -> None:
             extra = f", x{r['speedup']:.2f} vs fp32" if "speedup" in r else ""
             print(f"bench {variant}: {bs}, {threads}: p50 {r['p50_ms']:.3f} ms{extra}")
     print(f"bench {variant}: kernel time at bs{profile['batch_size']}: {bench.describe_profile(profile)}")
-
-
-def _runner(session):
-    name = session.get_inputs()[0].name
-    return lambda batch: session.run(None, {name: batch})
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-from tqdm import tqdm  # noqa: E402
 
 from quantpipe import bench, data, models, onnxutil  # noqa: E402
 from quantpipe.io import run_stage, write_json  # noqa: E402
@@ -36,23 +35,14 @@ def main() -> None:
     # A bad FP32 model fails in one line, before the progress bar.
     onnxutil.check_input_matches(onnxutil.make_session(FP32, level=level), info.input_shape, str(FP32))
 
-    results: dict[str, dict] = {}
-    with torch.inference_mode(), tqdm(total=len(p.threads) * len(p.batch_sizes) * p.rounds,
-                                      desc="bench torch", unit="round") as bar:
-        for threads in p.threads:
-            torch.set_num_threads(threads)
-            session = onnxutil.make_session(FP32, level=level, threads=threads)
-            name = session.get_inputs()[0].name
-            runners = {"torch": lambda b: model(torch.from_numpy(b)),
-                       "fp32": lambda b: session.run(None, {name: b})}
-            for bs in p.batch_sizes:
-                lat = bench.measure(runners, bench.batch_of(x, bs), warmup=p.warmup, runs=p.runs,
-                                    rounds=p.rounds, tick=lambda: bar.update(1))
-                row = bench.as_dict(lat["torch"])
-                row["baseline_p50_ms"] = lat["fp32"].p50_ms
-                # Same meaning as for the INT8 variants: FP32 ONNX time / this variant's time.
-                row["speedup"] = round(lat["fp32"].p50_ms / lat["torch"].p50_ms, 4)
-                results.setdefault(f"threads{threads}", {})[f"bs{bs}"] = row
+    def runners_for(threads: int) -> dict[str, bench.Runner]:
+        torch.set_num_threads(threads)
+        session = onnxutil.make_session(FP32, level=level, threads=threads)
+        return {"torch": lambda b: model(torch.from_numpy(b)), "fp32": bench.session_runner(session)}
+
+    # "speedup" has the same meaning as for the INT8 variants: FP32 ONNX time / torch time.
+    with torch.inference_mode():
+        results = bench.latency_table(runners_for, "torch", x, p, desc="bench torch")
     write_json("metrics/bench/torch.json", {
         "variant": "torch", "accuracy": round(accuracy, 6), "size_bytes": MODEL.stat().st_size,
         "torch": torch.__version__, "machine": bench.machine_info(), "latency": results})

@@ -57,6 +57,9 @@ def main() -> None:
             "symbolic_shape_inference": result.symbolic_shape_inference,
             "seconds": round(time.perf_counter() - start, 2),
             "size_bytes": tmp.stat().st_size, "ops": onnxutil.op_counts(static)}
+        # Written before the accuracy check on purpose: when it fails, the fallback steps and
+        # the SQNR table are what the user reads to decide what to change. The model itself is
+        # published only if the check passes (the exception skips atomic_path's rename).
         write_json("metrics/quantize_static.json", metrics)
         write_json("metrics/plots/sensitivity.json", result.sensitivity)
         if result.accuracy_drop_pp > p.max_accuracy_drop_pp:
