@@ -33,12 +33,15 @@ test: env
 	python -m pytest -q tests
 
 # Code review: the summary metrics and the params of the work tree against REV (default
-# main). `make diff-all` adds every metrics file (per-class accuracy, all percentiles, ...).
+# main), and whether both were measured on the same kind of machine. `make diff-all` adds
+# every metrics file (per-class accuracy, all percentiles, ...).
 diff: env
+	@python -m quantpipe.machine compare $(REV)
 	dvc metrics diff --md --targets metrics/summary.json -- $(REV)
 	dvc params diff --md $(REV)
 
 diff-all: env
+	@python -m quantpipe.machine compare $(REV)
 	dvc metrics diff --md $(REV)
 	dvc params diff --md $(REV)
 

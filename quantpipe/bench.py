@@ -6,8 +6,12 @@ model A fully before model B would put that drift into the A/B ratio.
 
 from __future__ import annotations
 
+import functools
 import json
-import platform
+import statistics
+import subprocess
+import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -15,10 +19,8 @@ from typing import Callable
 
 import numpy as np
 
-from quantpipe.params import BenchParams
-
-# CPU flags that decide whether INT8 can be fast (VNNI: u8*s8 dot products in one instruction).
-CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
+from quantpipe.errors import UserError
+from quantpipe.params import ALL_CORES, BenchParams
 
 Runner = Callable[[np.ndarray], object]
 
@@ -69,9 +71,14 @@ def session_runner(session) -> Runner:
     return lambda batch: session.run(None, {name: batch})
 
 
+def resolve_threads(threads: tuple[int | str, ...], cores: int) -> tuple[int, ...]:
+    """bench.threads as counts: "all" becomes `cores`; repeats dropped, order kept."""
+    return tuple(dict.fromkeys(cores if t == ALL_CORES else int(t) for t in threads))
+
+
 def latency_table(runners_for: Callable[[int], dict[str, Runner]], variant: str, x: np.ndarray,
-                  p: BenchParams, desc: str) -> dict[str, dict[str, dict]]:
-    """{"threadsT": {"bsN": row}} over p.threads and p.batch_sizes, with a progress bar.
+                  threads: tuple[int, ...], p: BenchParams, desc: str) -> dict[str, dict[str, dict]]:
+    """{"threadsT": {"bsN": row}} over `threads` and p.batch_sizes, with a progress bar.
 
     runners_for(threads) gives the runners of `variant` and "fp32", timed in the same
     interleaved rounds; a row of any other variant than fp32 also holds the FP32 median
@@ -80,9 +87,9 @@ def latency_table(runners_for: Callable[[int], dict[str, Runner]], variant: str,
     from tqdm import tqdm
 
     results: dict[str, dict[str, dict]] = {}
-    with tqdm(total=len(p.threads) * len(p.batch_sizes) * p.rounds, desc=desc, unit="round") as bar:
-        for threads in p.threads:
-            runners = runners_for(threads)
+    with tqdm(total=len(threads) * len(p.batch_sizes) * p.rounds, desc=desc, unit="round") as bar:
+        for count in threads:
+            runners = runners_for(count)
             for bs in p.batch_sizes:
                 lat = measure(runners, batch_of(x, bs), warmup=p.warmup, runs=p.runs,
                               rounds=p.rounds, tick=lambda: bar.update(1))
@@ -90,32 +97,164 @@ def latency_table(runners_for: Callable[[int], dict[str, Runner]], variant: str,
                 if variant != "fp32":
                     row["baseline_p50_ms"] = lat["fp32"].p50_ms
                     row["speedup"] = round(lat["fp32"].p50_ms / lat[variant].p50_ms, 4)
-                results.setdefault(f"threads{threads}", {})[f"bs{bs}"] = row
+                results.setdefault(f"threads{count}", {})[f"bs{bs}"] = row
     return results
+
+
+# --- throughput: filling every core ----------------------------------------------------------
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """`streams` sessions run concurrently (one request thread each), `threads` intra-op
+    threads per session: streams x threads = the cores they fill."""
+    streams: int
+    threads: int
+
+    @property
+    def key(self) -> str:
+        return f"streams{self.streams}_threads{self.threads}"
+
+
+def stream_configs(cores: int) -> list[StreamConfig]:
+    """Ways to fill `cores` cores: one session with every thread, then 2, 4, ... sessions of
+    fewer threads, down to one single-threaded session per core. Powers of two (and `cores`
+    itself) keep a 64-core machine to 7 configurations instead of every divisor."""
+    streams = [s for s in (2 ** i for i in range(cores.bit_length())) if cores % s == 0]
+    if cores not in streams:
+        streams.append(cores)
+    return [StreamConfig(s, cores // s) for s in streams]
+
+
+def run_concurrently(jobs: list[Callable[[], object]]) -> tuple[list[object], float]:
+    """Run every job in its own thread, all released at once; their results (in order) and the
+    wall time in seconds from the release to the last finish. A job's exception is re-raised.
+
+    ONNX Runtime releases the GIL inside session.run, so the threads really run in parallel.
+    """
+    barrier = threading.Barrier(len(jobs) + 1)
+    results: list[object] = [None] * len(jobs)
+    errors: list[BaseException] = []
+
+    def work(i: int, job: Callable[[], object]) -> None:
+        barrier.wait()
+        try:
+            results[i] = job()
+        except BaseException as e:  # re-raised in the calling thread below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i, job), daemon=True) for i, job in enumerate(jobs)]
+    for thread in threads:
+        thread.start()
+    barrier.wait()
+    start = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - start
+    if errors:
+        raise errors[0]
+    return results, elapsed
+
+
+def measure_throughput(pools: dict[str, list[Runner]], x: np.ndarray, *, batches: int,
+                       warmup: int, rounds: int, tick: Callable[[], None] = lambda: None
+                       ) -> dict[str, float]:
+    """Images per second of each pool of runners (one runner per stream) on batch x.
+
+    In each round a pool's runners run concurrently, `batches` batches in all, split evenly;
+    the result is the median over rounds, whose order of pools alternates as in measure().
+    """
+    for runners in pools.values():
+        for run in runners:
+            for _ in range(warmup):
+                run(x)
+    rates: dict[str, list[float]] = {name: [] for name in pools}
+    names = list(pools)
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else reversed(names):
+            runners = pools[name]
+            per_stream = -(-batches // len(runners))
+            _, seconds = run_concurrently([functools.partial(_repeat, run, x, per_stream)
+                                           for run in runners])
+            rates[name].append(per_stream * len(runners) * len(x) / seconds)
+        tick()
+    return {name: round(statistics.median(r), 1) for name, r in rates.items()}
+
+
+def _repeat(run: Runner, x: np.ndarray, times: int) -> None:
+    for _ in range(times):
+        run(x)
+
+
+def throughput_table(pools_for: Callable[[StreamConfig], dict[str, list[Runner]]], variant: str,
+                     x: np.ndarray, cores: int, p: BenchParams, desc: str) -> dict:
+    """Throughput at the largest batch size of every stream configuration of `cores` cores.
+
+    pools_for(config) gives, per model (`variant` and "fp32"), one runner per stream; both are
+    timed in the same interleaved rounds. Returns {"batch_size", "ips": {model: {config key:
+    images/s}}, "best": the variant's best configuration, "fp32_best", "speedup": best / FP32's
+    best}: each side at the configuration that suits it, as each would be deployed.
+    """
+    from tqdm import tqdm
+
+    configs = stream_configs(cores)
+    batch = batch_of(x, max(p.batch_sizes))
+    ips: dict[str, dict[str, float]] = {}
+    with tqdm(total=len(configs) * p.rounds, desc=desc, unit="round") as bar:
+        for config in configs:  # one configuration's sessions at a time: memory stays bounded
+            rates = measure_throughput(pools_for(config), batch, batches=max(1, p.runs // p.rounds),
+                                       warmup=p.warmup, rounds=p.rounds, tick=lambda: bar.update(1))
+            for model, rate in rates.items():
+                ips.setdefault(model, {})[config.key] = rate
+
+    def best(model: str) -> dict:
+        config = max(configs, key=lambda c: ips[model][c.key])
+        return {"streams": config.streams, "threads": config.threads, "ips": ips[model][config.key]}
+
+    result = {"batch_size": len(batch), "cores": cores, "ips": ips, "best": best(variant)}
+    if variant != "fp32":
+        result["fp32_best"] = best("fp32")
+        result["speedup"] = round(result["best"]["ips"] / result["fp32_best"]["ips"], 4)
+    return result
+
+
+# --- memory and start-up ---------------------------------------------------------------------
+
+MEMPROBE = Path(__file__).with_name("memprobe.py")
+
+
+def memory_profile(model: Path, input_shape: tuple[int, ...], batch_sizes: tuple[int, ...], *,
+                   threads: int, level_name: str, repeats: int = 3) -> dict:
+    """Peak RSS and session-creation time of a fresh process that loads `model` and runs it,
+    `repeats` processes per batch size (quantpipe/memprobe.py).
+
+    peak_rss_mb per batch size is the largest of its repeats (a limit must hold every time);
+    load_ms and first_run_ms are medians; runtime_rss_mb is the process before any model.
+    """
+    probes: dict[int, list[dict]] = {}
+    for bs in batch_sizes:
+        for _ in range(repeats):
+            cmd = [sys.executable, str(MEMPROBE), str(model), "--batch", str(bs),
+                   "--shape", ",".join(map(str, input_shape)), "--threads", str(threads),
+                   "--level", level_name]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            if proc.returncode != 0:
+                last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+                raise UserError(f"{model}: the memory probe failed at batch {bs}: {last[:200]}")
+            probes.setdefault(bs, []).append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    every = [r for runs in probes.values() for r in runs]
+    return {"threads": threads, "repeats": repeats,
+            "runtime_rss_mb": round(statistics.median(r["runtime_rss_mb"] for r in every), 1),
+            "load_ms": round(statistics.median(r["load_ms"] for r in every), 2),
+            "peak_rss_mb": {f"bs{bs}": round(max(r["peak_rss_mb"] for r in runs), 1)
+                            for bs, runs in probes.items()},
+            "first_run_ms": {f"bs{bs}": round(statistics.median(r["first_run_ms"] for r in runs), 3)
+                             for bs, runs in probes.items()}}
 
 
 def batch_of(x: np.ndarray, size: int) -> np.ndarray:
     """The first `size` samples of x, repeated if x is shorter. (size, C, S, S)"""
     reps = -(-size // len(x))
     return np.ascontiguousarray(np.concatenate([x] * reps)[:size])
-
-
-def machine_info() -> dict:
-    flags: set[str] = set()
-    model = platform.processor()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name") and model in ("", platform.machine()):
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:  # not Linux: the flags stay unknown
-        pass
-    from importlib.metadata import version  # no need to import torch just for its version
-
-    return {"cpu": model, "cpu_flags": {f: f in flags for f in CPU_FLAGS},
-            "onnxruntime": version("onnxruntime"), "torch": version("torch"),
-            "python": platform.python_version()}
 
 
 def as_dict(latency: Latency) -> dict:

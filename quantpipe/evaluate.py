@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import onnxruntime as ort
 
+from quantpipe.bench import run_concurrently
 from quantpipe.data import DataInfo
 from quantpipe.onnxutil import run_batched
 
@@ -40,12 +43,15 @@ class EdgeCheck:
 
 
 def edge_checks(session: ort.InferenceSession, info: DataInfo, x: np.ndarray,
-                odd_batch: int, large_batch: int, atol: float) -> list[EdgeCheck]:
+                odd_batch: int, large_batch: int, atol: float, callers: int,
+                concurrency_atol: float) -> list[EdgeCheck]:
     """The practitioner's pre-deployment checklist on normalized (N, C, S, S) samples.
 
     Constant inputs (all zeros, the largest and smallest normalized pixel values and 4x beyond
     them) must give finite logits; batches of 1, an odd size and a large size must give, row by
-    row, what the same samples give one at a time (within atol logit units).
+    row, what the same samples give one at a time (within atol logit units); `callers` threads
+    calling the session at once must each get what their input gives alone (within
+    concurrency_atol; 0 means exactly).
     """
     shape = (1, *info.input_shape)
     mean = np.asarray(info.mean, dtype=np.float32)
@@ -70,7 +76,55 @@ def edge_checks(session: ort.InferenceSession, info: DataInfo, x: np.ndarray,
         diff = float(gap.max())
         checks.append(EdgeCheck(name, bool(diff <= atol),
                                 f"batch of {size}: max |batched - single| = {diff:.3g} (atol {atol:g})"))
+    name = session.get_inputs()[0].name
+    inputs = concurrent_inputs(x, callers, sizes=(1, odd_batch, min(32, large_batch)))
+    checks.append(concurrency_check(lambda batch: session.run(None, {name: batch})[0], inputs,
+                                    atol=concurrency_atol))
     return checks
+
+
+def concurrent_inputs(x: np.ndarray, callers: int, sizes: tuple[int, ...]) -> list[np.ndarray]:
+    """One batch per caller, each different: consecutive slices of x (wrapping around), their
+    sizes cycling through `sizes`, so batches of different shapes run at the same time too."""
+    inputs, start = [], 0
+    for i in range(callers):
+        size = sizes[i % len(sizes)]
+        inputs.append(np.take(x, np.arange(start, start + size), axis=0, mode="wrap"))
+        start += size
+    return inputs
+
+
+def concurrency_check(run: Callable[[np.ndarray], np.ndarray], inputs: list[np.ndarray], *,
+                      atol: float, repeats: int = 3) -> EdgeCheck:
+    """Concurrent requests: `run` is called from len(inputs) threads at once, each with its own
+    input `repeats` times; every output must equal that input's output from a sequential call
+    (within atol; 0 means exactly). A server shares one session between request threads, so a
+    runtime (or a wrapper around it) that mixes up buffers between calls shows here.
+    """
+    expected = [run(batch) for batch in inputs]
+    outputs, _ = run_concurrently([functools.partial(_outputs, run, batch, repeats)
+                                   for batch in inputs])
+    gap = max(_difference(out, want) for outs, want in zip(outputs, expected) for out in outs)
+    sizes = sorted({len(batch) for batch in inputs})
+    tolerance = "exactly" if atol == 0 else f"atol {atol:g}"
+    return EdgeCheck("concurrent_requests", bool(gap <= atol),
+                     f"{len(inputs)} threads x {repeats} calls on one session at once, batches of "
+                     f"{', '.join(map(str, sizes))}: max |concurrent - sequential| = {gap:.3g} "
+                     f"({tolerance})")
+
+
+def _outputs(run: Callable[[np.ndarray], np.ndarray], batch: np.ndarray, times: int) -> list:
+    return [run(batch) for _ in range(times)]
+
+
+def _difference(a: np.ndarray, b: np.ndarray) -> float:
+    """max |a - b|; equal values (infinities, and NaN against NaN: the finite_* checks report
+    those) differ by 0, an output of another shape by infinity."""
+    if a.shape != b.shape:
+        return float("inf")
+    same = (a == b) | (np.isnan(a) & np.isnan(b))
+    with np.errstate(invalid="ignore"):
+        return float(np.where(same, 0.0, np.abs(a.astype(np.float64) - b)).max(initial=0.0))
 
 
 def _non_finite(out: np.ndarray) -> str:

@@ -207,21 +207,30 @@ class EvaluateParams:
         _check(self.batch_size >= 1, "evaluate.batch_size", self.batch_size, "an integer >= 1")
 
 
+# bench.threads' word for "every physical core of the machine that measures".
+ALL_CORES = "all"
+
+
 @dataclass(frozen=True)
 class BenchParams:
     batch_sizes: tuple[int, ...] = (1, 64)
-    # intra-op threads per ORT session; the machine has 2 cores.
-    threads: tuple[int, ...] = (1,)
+    # Intra-op threads per ORT session: counts, or "all" (the physical cores recorded in
+    # metrics/machine.json). The first entry is the headline (summary latency_p50_ms/speedup):
+    # all cores, ORT's default and what people deploy with; 1 thread shows the per-core gain.
+    threads: tuple[int | str, ...] = (ALL_CORES, 1)
     warmup: int = 10
-    # Timed runs per (variant, batch size, threads), split into interleaved rounds.
+    # Timed runs per (variant, batch size, threads), split into interleaved rounds; in
+    # throughput mode, batches per configuration and round = runs // rounds.
     runs: int = 300
     rounds: int = 6
 
     def __post_init__(self) -> None:
         _check(bool(self.batch_sizes) and all(b >= 1 for b in self.batch_sizes),
                "bench.batch_sizes", list(self.batch_sizes), "a non-empty list of integers >= 1")
-        _check(bool(self.threads) and all(t >= 1 for t in self.threads),
-               "bench.threads", list(self.threads), "a non-empty list of integers >= 1")
+        _check(bool(self.threads) and all(t == ALL_CORES or (isinstance(t, int) and t >= 1)
+                                          for t in self.threads),
+               "bench.threads", list(self.threads),
+               f"a non-empty list of integers >= 1 or {ALL_CORES!r} (every physical core)")
         _check(self.warmup >= 0, "bench.warmup", self.warmup, "an integer >= 0")
         _check(self.rounds >= 1, "bench.rounds", self.rounds, "an integer >= 1")
         _check(self.runs >= self.rounds, "bench.runs", self.runs, f"an integer >= bench.rounds ({self.rounds})")
@@ -231,6 +240,9 @@ class BenchParams:
 class GatesParams:
     max_accuracy_drop_pp: float = 1.0
     min_static_speedup: float = 1.0
+    # Peak RSS (MiB) of a fresh process running any variant at any benchmarked batch size: the
+    # device's memory limit. null: no limit.
+    max_peak_rss_mb: float | None = None
     # false: a missed gate is a warning in report, not a failure.
     enforce: bool = True
 
@@ -239,6 +251,8 @@ class GatesParams:
                self.max_accuracy_drop_pp, "a number >= 0")
         _check(self.min_static_speedup >= 0, "gates.min_static_speedup",
                self.min_static_speedup, "a number >= 0")
+        _check(self.max_peak_rss_mb is None or self.max_peak_rss_mb > 0, "gates.max_peak_rss_mb",
+               self.max_peak_rss_mb, "a number > 0 (MiB) or null")
 
 
 @dataclass(frozen=True)
@@ -299,8 +313,14 @@ def _convert(hint, value, key: str):
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        (inner,) = [a for a in args if a is not type(None)]
-        return _convert(inner, value, key)
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) == 1:
+            return _convert(inner[0], value, key)
+        for option in inner:  # e.g. int | str: the first type the value is
+            if isinstance(value, option) and not (option is int and isinstance(value, bool)):
+                return value
+        names = " or ".join(getattr(a, "__name__", str(a)) for a in inner)
+        raise UserError(f"{key} = {value!r}: expected {names}")
     if isinstance(hint, type) and hasattr(hint, "__members__"):  # Python and pybind11 enums
         names = list(hint.__members__)
         if not isinstance(value, str) or value not in names:

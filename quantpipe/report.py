@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from quantpipe.bench import describe_profile
+from quantpipe.errors import UserError
+from quantpipe.machine import describe
 from quantpipe.params import GatesParams
 
 QUANTIZED = ("dynamic", "static")
@@ -10,33 +12,73 @@ QUANTIZED = ("dynamic", "static")
 TINY_MODEL_MS = 0.05
 
 
-def build_summary(evals: dict[str, dict], benches: dict[str, dict], threads: int,
+def build_summary(evals: dict[str, dict], benches: dict[str, dict],
                   torch_bench: dict | None = None) -> dict:
-    """summary.json: accuracy, size and p50 latency per variant; drop, agreement, size ratio and
-    speedup (vs FP32 ONNX) for the quantized ones and the PyTorch eager baseline `torch`.
-    Latencies are those at `threads` intra-op threads."""
+    """summary.json: per variant accuracy, size, latency and, against FP32 ONNX, drop, agreement,
+    size ratio and speedup; throughput with every core busy; memory of a fresh process. Also
+    the PyTorch eager baseline `torch` and the `machine` that measured it all.
+
+    latency_p50_ms/speedup are those at the first thread count benched (bench.threads; all
+    cores by default); by_threads has every thread count.
+    """
+    machine, threads = bench_setup(benches)
     fp32 = evals["fp32"]
-    summary = {}
+    fp32_best = benches["fp32"]["throughput"]["best"]["ips"]
+    summary: dict = {}
     for variant, ev in evals.items():
-        rows = benches[variant]["latency"][f"threads{threads}"]  # {"bs1": {...}, ...}
+        b = benches[variant]
         entry = {"accuracy": ev["accuracy"], "size_bytes": ev["size_bytes"],
-                 "latency_p50_ms": {bs: r["p50_ms"] for bs, r in rows.items()}}
+                 **_latency(b["latency"], threads, with_speedup=variant != "fp32")}
+        best = b["throughput"]["best"]
+        entry.update({"throughput_ips": best["ips"],
+                      "throughput_config": {"streams": best["streams"], "threads": best["threads"]},
+                      "peak_rss_mb": b["memory"]["peak_rss_mb"], "load_ms": b["memory"]["load_ms"]})
         if variant != "fp32":
             entry.update({
                 "accuracy_drop_pp": round((fp32["accuracy"] - ev["accuracy"]) * 100, 4),
                 "agreement": ev["agreement"],
                 "size_ratio": round(ev["size_bytes"] / fp32["size_bytes"], 4),
-                # Measured against FP32 in the same interleaved rounds (see stages/bench.py).
-                "speedup": {bs: r["speedup"] for bs, r in rows.items()}})
+                # Each side at its own best configuration, as each would be deployed.
+                "throughput_speedup": round(best["ips"] / fp32_best, 4)})
         summary[variant] = entry
     if torch_bench is not None:
-        rows = torch_bench["latency"][f"threads{threads}"]
-        summary["torch"] = {
-            "accuracy": torch_bench["accuracy"], "size_bytes": torch_bench["size_bytes"],
-            "latency_p50_ms": {bs: r["p50_ms"] for bs, r in rows.items()},
-            # PyTorch eager vs FP32 ONNX: below 1 means the ONNX export alone is faster.
-            "speedup": {bs: r["speedup"] for bs, r in rows.items()}}
+        # PyTorch eager vs FP32 ONNX: a speedup below 1 means the ONNX export alone is faster.
+        summary["torch"] = {"accuracy": torch_bench["accuracy"], "size_bytes": torch_bench["size_bytes"],
+                            **_latency(torch_bench["latency"], threads, with_speedup=True)}
+    summary["machine"] = machine
     return summary
+
+
+def variants_of(summary: dict) -> dict[str, dict]:
+    """The model rows of a summary (every variant and torch), without the `machine` record."""
+    return {name: entry for name, entry in summary.items() if name != "machine"}
+
+
+def bench_setup(benches: dict[str, dict]) -> tuple[dict, list[int]]:
+    """The machine and thread counts every bench JSON shares (the first count is the headline).
+
+    They are all made from one metrics/machine.json and one params.yaml; a mismatch means a
+    file was edited or copied from elsewhere.
+    """
+    (first, ref), *others = benches.items()
+    for name, b in others:
+        if b.get("machine") != ref.get("machine") or b.get("threads") != ref.get("threads"):
+            raise UserError(f"metrics/bench/{name}.json and metrics/bench/{first}.json were measured "
+                            "on different machines or thread counts; re-run them with `dvc repro`")
+    return ref["machine"], ref["threads"]
+
+
+def _latency(rows_by_threads: dict[str, dict], threads: list[int], with_speedup: bool) -> dict:
+    """latency_p50_ms (and speedup) at threads[0], and by_threads for every thread count."""
+    by_threads = {}
+    for count in threads:
+        rows = rows_by_threads[f"threads{count}"]  # {"bs1": {...}, ...}
+        entry = {"latency_p50_ms": {bs: r["p50_ms"] for bs, r in rows.items()}}
+        if with_speedup:
+            # Measured against FP32 in the same interleaved rounds (see stages/bench.py).
+            entry["speedup"] = {bs: r["speedup"] for bs, r in rows.items()}
+        by_threads[f"threads{count}"] = entry
+    return {**by_threads[f"threads{threads[0]}"], "by_threads": by_threads}
 
 
 def check_gates(summary: dict, gates: GatesParams) -> list[str]:
@@ -52,6 +94,13 @@ def check_gates(summary: dict, gates: GatesParams) -> list[str]:
     if speedups[largest] < gates.min_static_speedup:
         failures.append(f"static speedup x{speedups[largest]:.2f} at {largest} < "
                         f"gates.min_static_speedup = {gates.min_static_speedup}")
+    if gates.max_peak_rss_mb is not None:
+        for variant, entry in variants_of(summary).items():
+            peaks = entry.get("peak_rss_mb", {})
+            worst = max(peaks, key=peaks.get, default=None)
+            if worst is not None and peaks[worst] > gates.max_peak_rss_mb:
+                failures.append(f"{variant} peak RSS {peaks[worst]:.1f} MB at {worst} > "
+                                f"gates.max_peak_rss_mb = {gates.max_peak_rss_mb}")
     return failures
 
 
@@ -93,6 +142,33 @@ def slowdown_notes(summary: dict, evals: dict[str, dict], machine: dict,
     return notes
 
 
+def thread_scaling_notes(summary: dict) -> list[str]:
+    """One line per quantized variant whose speedup at the largest batch shrinks by more than
+    10% from one thread to the headline thread count, with the throughput configuration that
+    keeps the gain when every core is busy."""
+    notes = []
+    for variant in QUANTIZED:
+        entry = summary[variant]
+        by_threads = entry["by_threads"]
+        counts = [int(k.removeprefix("threads")) for k in by_threads]
+        if 1 not in counts or counts[0] == 1:
+            continue
+        largest = max(entry["speedup"], key=lambda k: int(k[2:]))
+        one, many = by_threads["threads1"]["speedup"][largest], entry["speedup"][largest]
+        if many >= 0.9 * one:
+            continue
+        config = entry["throughput_config"]
+        advice = (": serve concurrent requests from several sessions rather than one session "
+                  "with every thread" if config["streams"] > 1 else "")
+        notes.append(
+            f"{variant} gains less with more threads: x{one:.2f} at 1 thread, x{many:.2f} at "
+            f"{counts[0]} threads ({largest}), because FP32's kernels parallelize better than its "
+            f"INT8 kernels (compare the kernel profiles). With every core busy, "
+            f"{_config(config)} reach x{entry['throughput_speedup']:.2f} FP32's best "
+            f"throughput{advice}.")
+    return notes
+
+
 def _kernel_cause(variant: str, profiles: dict[str, dict]) -> str:
     """Why a variant loses where the FP32 model is not tiny, with the bench profile as evidence."""
     profile, fp32 = profiles.get(variant), profiles.get("fp32")
@@ -119,24 +195,23 @@ def _kernel_cause(variant: str, profiles: dict[str, dict]) -> str:
             f"{profile['kernel_ms']:.2f} ms; FP32's kernels take {fp32['kernel_ms']:.2f} ms); {advice}")
 
 
-def render_markdown(summary: dict, notes: list[str], machine: dict, threads: int,
-                    profiles: dict[str, dict] | None = None) -> str:
-    sizes = sorted({k for v in summary.values() for k in v["latency_p50_ms"]}, key=lambda k: int(k[2:]))
-    head = ["variant", "accuracy", "drop (pp)", "agreement", "size (MB)", "size ratio"]
-    head += [f"p50 {k} (ms)" for k in sizes] + [f"speedup {k}" for k in sizes]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for variant, s in summary.items():
-        cells = [variant, f"{s['accuracy']:.4f}", _fmt(s.get("accuracy_drop_pp"), ".2f"),
-                 _fmt(s.get("agreement"), ".4f"), f"{s['size_bytes'] / 1e6:.2f}",
-                 _fmt(s.get("size_ratio"), ".3f")]
-        cells += [_fmt(s["latency_p50_ms"].get(k), ".3f") for k in sizes]
-        cells += [_fmt(s.get("speedup", {}).get(k), ".2f", prefix="x") for k in sizes]
-        lines.append("| " + " | ".join(cells) + " |")
-    flags = ", ".join(f for f, on in machine.get("cpu_flags", {}).items() if on) or "unknown"
-    text = ["# quantpipe results", "", *lines, "",
-            f"CPU: {machine.get('cpu', 'unknown')} ({flags}); onnxruntime "
-            f"{machine.get('onnxruntime', '?')}; {threads} intra-op thread(s). Speedups are "
-            "measured against FP32 in the same interleaved rounds."]
+def render_markdown(summary: dict, notes: list[str], profiles: dict[str, dict] | None = None) -> str:
+    """report.md: where it was measured, the headline table (first thread count), latency by
+    thread count, throughput with every core busy, memory, kernel time and slowdown notes."""
+    machine = summary["machine"]
+    rows = variants_of(summary)
+    threads = [int(k.removeprefix("threads")) for k in rows["fp32"]["by_threads"]]
+    sizes = sorted(rows["fp32"]["latency_p50_ms"], key=lambda k: int(k[2:]))
+    text = ["# quantpipe results", "",
+            f"Measured on {describe(machine)}. Speedups are measured against FP32 in the same "
+            "interleaved rounds, on this machine only.", "",
+            f"## {_threads_title(threads[0], machine)}", "",
+            *_headline_table(rows, sizes), "",
+            "## Latency by thread count", "",
+            *_threads_table(rows, threads, sizes)]
+    onnx_rows = {v: s for v, s in rows.items() if "throughput_ips" in s}  # not torch
+    text += ["", *_throughput_section(onnx_rows, machine)]
+    text += ["", *_memory_section(onnx_rows, sizes, threads[0])]
     if profiles:
         # Where the time goes, from one ORT profile per variant (metrics/bench/<variant>.json).
         first = next(iter(profiles.values()))
@@ -146,6 +221,69 @@ def render_markdown(summary: dict, notes: list[str], machine: dict, threads: int
     if notes:
         text += ["", *[f"- {n}" for n in notes]]
     return "\n".join(text) + "\n"
+
+
+def _threads_title(count: int, machine: dict) -> str:
+    cores = machine.get("cores")
+    return (f"{count} intra-op thread{'s' * (count != 1)} "
+            f"({'all cores' if count == cores else f'of {cores} cores'})")
+
+
+def _table(head: list[str], body: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+            *["| " + " | ".join(cells) + " |" for cells in body]]
+
+
+def _headline_table(rows: dict[str, dict], sizes: list[str]) -> list[str]:
+    head = ["variant", "accuracy", "drop (pp)", "agreement", "size (MB)", "size ratio"]
+    head += [f"p50 {k} (ms)" for k in sizes] + [f"speedup {k}" for k in sizes]
+    body = []
+    for variant, s in rows.items():
+        cells = [variant, f"{s['accuracy']:.4f}", _fmt(s.get("accuracy_drop_pp"), ".2f"),
+                 _fmt(s.get("agreement"), ".4f"), f"{s['size_bytes'] / 1e6:.2f}",
+                 _fmt(s.get("size_ratio"), ".3f")]
+        cells += [_fmt(s["latency_p50_ms"].get(k), ".3f") for k in sizes]
+        cells += [_fmt(s.get("speedup", {}).get(k), ".2f", prefix="x") for k in sizes]
+        body.append(cells)
+    return _table(head, body)
+
+
+def _threads_table(rows: dict[str, dict], threads: list[int], sizes: list[str]) -> list[str]:
+    head = ["variant", "threads"] + [f"p50 {k} (ms)" for k in sizes] + [f"speedup {k}" for k in sizes]
+    body = []
+    for variant, s in rows.items():
+        for count in threads:
+            entry = s["by_threads"][f"threads{count}"]
+            body.append([variant, str(count)]
+                        + [_fmt(entry["latency_p50_ms"].get(k), ".3f") for k in sizes]
+                        + [_fmt(entry.get("speedup", {}).get(k), ".2f", prefix="x") for k in sizes])
+    return _table(head, body)
+
+
+def _throughput_section(rows: dict[str, dict], machine: dict) -> list[str]:
+    body = [[variant, _config(s["throughput_config"]), f"{s['throughput_ips']:,.0f}",
+             _fmt(s.get("throughput_speedup"), ".2f", prefix="x")] for variant, s in rows.items()]
+    cores = machine.get("cores", "all")
+    return [f"## Throughput, every core busy ({cores} cores, largest batch)", "",
+            *_table(["variant", "best configuration", "images/s", "vs FP32's best"], body), "",
+            "A stream is one session serving its own requests; streams x threads = the cores. "
+            "Each variant is compared at its own best configuration with FP32 at FP32's best "
+            "(every configuration is in metrics/bench/<variant>.json, `throughput.ips`)."]
+
+
+def _memory_section(rows: dict[str, dict], sizes: list[str], threads: int) -> list[str]:
+    body = [[variant, f"{s['load_ms']:.1f}"] + [_fmt(s["peak_rss_mb"].get(k), ".1f") for k in sizes]
+            for variant, s in rows.items()]
+    head = ["variant", "load (ms)"] + [f"peak RSS {k} (MB)" for k in sizes]
+    return [f"## Memory and start-up (a fresh process, {threads} thread(s))", "",
+            *_table(head, body), "",
+            "Peak RSS: the whole process (Python, numpy and onnxruntime included) that loads the "
+            "model and runs it at that batch size; load: creating the InferenceSession."]
+
+
+def _config(config: dict) -> str:
+    streams, threads = config["streams"], config["threads"]
+    return f"{streams} stream{'s' * (streams != 1)} x {threads} thread{'s' * (threads != 1)}"
 
 
 def _fmt(value, spec: str, prefix: str = "") -> str:

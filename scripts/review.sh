@@ -12,7 +12,9 @@
 # Run it from anywhere inside the repository, with `dvc` on PATH (source .venv/bin/activate).
 # Prints, in order:
 #   1. the DVC remote data fetch for the comparison, or why it was skipped;
-#   2. `dvc metrics diff --md BASE`  - changed metrics (summary.json, eval/bench JSON, ...);
+#   2. `dvc metrics diff --md BASE`  - changed metrics (summary.json, eval/bench JSON, ...),
+#      preceded by a line saying whether BASE and the workspace were measured on the same kind
+#      of machine (CPU, INT8 ISA flags, cores, onnxruntime/torch versions: metrics/machine.json);
 #   3. `dvc params diff --md BASE`   - changed params.yaml keys;
 #   4. where `dvc plots diff BASE` wrote index.html (latency, accuracy vs size, confusion, ...).
 #
@@ -75,6 +77,10 @@ fi
 
 short=$(git rev-parse --short "$base")
 echo "## Metrics: workspace vs $base ($short)"
+echo
+# Latency, throughput and memory belong to the machine that measured them: say so first.
+# (quantpipe.machine needs only the standard library, so any python3 will do.)
+python3 -m quantpipe.machine compare "$base"
 echo
 dvc metrics diff --md "$base"
 echo

@@ -9,6 +9,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from quantpipe import bench, data, models, onnxutil  # noqa: E402
+from quantpipe import machine as machines  # noqa: E402
 from quantpipe.io import run_stage, write_json  # noqa: E402
 from quantpipe.params import load_params  # noqa: E402
 
@@ -25,6 +26,8 @@ def main() -> None:
             "variant": "torch", "skipped": f"no PyTorch model: train.model is {params.train.model}"})
         print("bench torch: skipped, the model was brought as ONNX")
         return
+    machine = machines.load()
+    threads = bench.resolve_threads(p.threads, machine["cores"])
     info = data.load_info(PREPARED)
     test = data.load_split(PREPARED, "test")
     x = data.normalize(test.x, info)
@@ -35,20 +38,21 @@ def main() -> None:
     # A bad FP32 model fails in one line, before the progress bar.
     onnxutil.check_input_matches(onnxutil.make_session(FP32, level=level), info.input_shape, str(FP32))
 
-    def runners_for(threads: int) -> dict[str, bench.Runner]:
-        torch.set_num_threads(threads)
-        session = onnxutil.make_session(FP32, level=level, threads=threads)
+    def runners_for(count: int) -> dict[str, bench.Runner]:
+        torch.set_num_threads(count)
+        session = onnxutil.make_session(FP32, level=level, threads=count)
         return {"torch": lambda b: model(torch.from_numpy(b)), "fp32": bench.session_runner(session)}
 
     # "speedup" has the same meaning as for the INT8 variants: FP32 ONNX time / torch time.
     with torch.inference_mode():
-        results = bench.latency_table(runners_for, "torch", x, p, desc="bench torch")
+        results = bench.latency_table(runners_for, "torch", x, threads, p, desc="bench torch")
     write_json("metrics/bench/torch.json", {
         "variant": "torch", "accuracy": round(accuracy, 6), "size_bytes": MODEL.stat().st_size,
-        "torch": torch.__version__, "machine": bench.machine_info(), "latency": results})
-    for threads, rows in results.items():
+        "torch": torch.__version__, "machine": machine, "threads": list(threads),
+        "latency": results})
+    for count, rows in results.items():
         for bs, r in rows.items():
-            print(f"bench torch: {bs}, {threads}: p50 {r['p50_ms']:.3f} ms "
+            print(f"bench torch: {bs}, {count}: p50 {r['p50_ms']:.3f} ms "
                   f"(fp32 onnx is x{1 / r['speedup']:.2f} faster)")
 
 

@@ -15,24 +15,23 @@ def main() -> None:
     params = load_params()
     evals = {v: read_json(f"metrics/eval/{v}.json") for v in VARIANTS}
     benches = {v: read_json(f"metrics/bench/{v}.json") for v in VARIANTS}
-    threads = params.bench.threads[0]
     torch_bench = read_json("metrics/bench/torch.json")
-    summary = report.build_summary(evals, benches, threads,
+    summary = report.build_summary(evals, benches,
                                    None if "skipped" in torch_bench else torch_bench)
-    machine = benches["static"]["machine"]
     profiles = {v: b["kernel_profile"] for v, b in benches.items() if "kernel_profile" in b}
-    notes = report.slowdown_notes(summary, evals, machine, profiles)
+    notes = (report.slowdown_notes(summary, evals, summary["machine"], profiles)
+             + report.thread_scaling_notes(summary))
     write_json("metrics/summary.json", summary)
-    write_bytes("metrics/report.md",
-                report.render_markdown(summary, notes, machine, threads, profiles).encode())
+    write_bytes("metrics/report.md", report.render_markdown(summary, notes, profiles).encode())
+    rows = report.variants_of(summary)
     # One row per batch size, one column per variant: `dvc plots` draws a line per column.
     write_json("metrics/plots/latency.json", [
-        {"batch_size": int(bs[2:]), **{v: s["latency_p50_ms"][bs] for v, s in summary.items()}}
-        for bs in summary["fp32"]["latency_p50_ms"]])
+        {"batch_size": int(bs[2:]), **{v: s["latency_p50_ms"][bs] for v, s in rows.items()}}
+        for bs in rows["fp32"]["latency_p50_ms"]])
     # Accuracy vs size: the three ONNX variants (the torch checkpoint is the FP32 weights again).
     write_json("metrics/plots/accuracy_size.json", [
         {"variant": v, "size_mb": round(s["size_bytes"] / 1e6, 4), "accuracy": s["accuracy"]}
-        for v, s in summary.items() if v in VARIANTS])
+        for v, s in rows.items() if v in VARIANTS])
     print(Path("metrics/report.md").read_text())
 
     failures = report.check_gates(summary, params.gates)

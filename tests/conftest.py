@@ -67,13 +67,20 @@ def make_project(dest: Path, params: dict | None = None) -> Path:
     return dest
 
 
-def reproduce(repo: Path, *targets: str, force: bool = False) -> set[str]:
-    """`dvc repro` through DVC's Python API in repo; the names of the stages that ran."""
+# The machine probe (dvc.yaml `machine`, always_changed): it runs on every `dvc repro`, and
+# only when its output changes (another machine) does anything downstream re-run.
+PROBE = "machine"
+
+
+def reproduce(repo: Path, *targets: str, force: bool = False, run_cache: bool = True) -> set[str]:
+    """`dvc repro` through DVC's Python API in repo; the names of the stages that ran (the
+    always-changed PROBE among them, unless targets leave it out). run_cache=False is
+    `--no-run-cache`: really run a stage whose inputs an earlier run already had."""
     cwd = os.getcwd()
     os.chdir(repo)
     try:
         with Repo(str(repo)) as project:
-            ran = project.reproduce(*targets, force=force)
+            ran = project.reproduce(*targets, force=force, run_cache=run_cache)
     finally:
         os.chdir(cwd)
     return {stage.addressing for stage in ran}

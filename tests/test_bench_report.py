@@ -12,13 +12,14 @@ import pytest
 import torch
 from helpers import TwoConvNet, export_to, info_for, structured_images
 
-from quantpipe import bench, data, onnxutil, report
-from quantpipe.params import GatesParams
+from quantpipe import bench, data, machine, onnxutil, report
+from quantpipe.errors import UserError
+from quantpipe.params import BenchParams, GatesParams
 
 VNNI_MACHINE = {"cpu": "Test CPU", "cpu_flags": {f: f in ("avx2", "avx512f", "avx512_vnni")
-                                                for f in bench.CPU_FLAGS},
-                "onnxruntime": "1.32.0", "python": "3.11"}
-NO_VNNI_MACHINE = {**VNNI_MACHINE, "cpu_flags": {f: f == "avx2" for f in bench.CPU_FLAGS}}
+                                                for f in machine.CPU_FLAGS},
+                "cores": 2, "logical_cpus": 2, "onnxruntime": "1.32.0", "python": "3.11"}
+NO_VNNI_MACHINE = {**VNNI_MACHINE, "cpu_flags": {f: f == "avx2" for f in machine.CPU_FLAGS}}
 
 # --- summarize --------------------------------------------------------------------------------
 
@@ -109,15 +110,103 @@ def test_batch_of_takes_the_first_samples():
     assert bench.batch_of(x, 10).ravel().tolist() == list(range(10))
 
 
-def test_machine_info_shape():
-    info = bench.machine_info()
-    assert set(info) == {"cpu", "cpu_flags", "onnxruntime", "torch", "python"}
-    import onnxruntime
-    import torch
-    assert info["onnxruntime"] == onnxruntime.__version__
-    assert info["torch"] == torch.__version__.split("+")[0] or info["torch"] == torch.__version__
-    assert set(info["cpu_flags"]) == set(bench.CPU_FLAGS)
-    assert all(isinstance(v, bool) for v in info["cpu_flags"].values())
+# --- threads, throughput, memory --------------------------------------------------------------
+
+def test_resolve_threads_turns_all_into_the_cores_and_drops_repeats():
+    assert bench.resolve_threads(("all", 1), cores=8) == (8, 1)
+    assert bench.resolve_threads(("all", 1), cores=1) == (1,)  # one core: one thread count
+    assert bench.resolve_threads((4, "all", 2, 4), cores=2) == (4, 2)
+
+
+@pytest.mark.parametrize("cores, expected", [
+    (1, [(1, 1)]),
+    (2, [(1, 2), (2, 1)]),
+    (6, [(1, 6), (2, 3), (6, 1)]),
+    (64, [(1, 64), (2, 32), (4, 16), (8, 8), (16, 4), (32, 2), (64, 1)]),
+])
+def test_stream_configs_fill_every_core(cores, expected):
+    configs = bench.stream_configs(cores)
+    assert [(c.streams, c.threads) for c in configs] == expected
+    assert all(c.streams * c.threads == cores for c in configs)
+    assert configs[0].key == f"streams1_threads{cores}"
+
+
+def test_run_concurrently_overlaps_jobs_and_keeps_their_order():
+    results, seconds = bench.run_concurrently([lambda i=i: (time.sleep(0.05), i)[1] for i in range(4)])
+    assert results == [0, 1, 2, 3]
+    assert 0.05 <= seconds < 0.15  # four 50 ms sleeps at once, not one after another
+
+
+def test_run_concurrently_reraises_a_jobs_exception():
+    def boom():
+        raise ValueError("bad input")
+
+    with pytest.raises(ValueError, match="bad input"):
+        bench.run_concurrently([lambda: None, boom])
+
+
+def test_measure_throughput_counts_images_per_second_of_concurrent_streams():
+    x = np.zeros((8, 1))  # a batch of 8 images
+    calls = []
+
+    def sleeper(name):
+        def run(batch):
+            calls.append(name)
+            time.sleep(0.01)  # releases the GIL, as session.run does
+        return run
+
+    # One stream vs two: two streams do twice the batches in the same wall time.
+    rates = bench.measure_throughput({"one": [sleeper("one")], "two": [sleeper("a"), sleeper("b")]},
+                                     x, batches=4, warmup=1, rounds=2)
+    assert rates["one"] == pytest.approx(8 / 0.01, rel=0.3)  # 800 images/s
+    assert rates["two"] == pytest.approx(2 * rates["one"], rel=0.3)
+    # Warm-up once per runner, then 2 rounds of 4 batches per pool, split across its streams.
+    assert calls.count("one") == 1 + 2 * 4
+    assert calls.count("a") == calls.count("b") == 1 + 2 * 2
+
+
+def test_throughput_table_compares_each_side_at_its_own_best_configuration():
+    # fp32 scales with threads inside one session; "int8" only with streams (as measured here).
+    def pools_for(config):
+        def run_for(model):
+            per_batch = 0.004 / config.threads if model == "fp32" else 0.002
+            return lambda batch: time.sleep(per_batch)
+        return {m: [run_for(m) for _ in range(config.streams)] for m in ("int8", "fp32")}
+
+    p = BenchParams(batch_sizes=(1, 16), warmup=0, runs=8, rounds=2)
+    x = np.zeros((4, 1, 2, 2), np.float32)
+    result = bench.throughput_table(pools_for, "int8", x, cores=2, p=p, desc="test")
+    assert result["batch_size"] == 16 and result["cores"] == 2
+    assert set(result["ips"]["int8"]) == set(result["ips"]["fp32"]) == {"streams1_threads2",
+                                                                         "streams2_threads1"}
+    assert (result["best"]["streams"], result["best"]["threads"]) == (2, 1)
+    assert result["fp32_best"]["ips"] == max(result["ips"]["fp32"].values())
+    # int8 at 2 streams: 2 x 16 images / 2 ms; fp32 at best 16 images / 2 ms: about x2.
+    assert result["speedup"] == pytest.approx(2.0, rel=0.35)
+    assert result["speedup"] == pytest.approx(result["best"]["ips"] / result["fp32_best"]["ips"],
+                                              abs=1e-3)
+    fp32_only = bench.throughput_table(pools_for, "fp32", x, cores=2, p=p, desc="test")
+    assert "speedup" not in fp32_only and "fp32_best" not in fp32_only
+
+
+def test_memory_profile_of_a_fresh_process(tmp_path):
+    torch.manual_seed(0)
+    path = export_to(TwoConvNet().eval(), (1, 12, 12), tmp_path / "m.onnx")
+    mem = bench.memory_profile(path, (1, 12, 12), (1, 256), threads=1,
+                               level_name="ORT_ENABLE_ALL", repeats=2)
+    assert mem["threads"] == 1 and mem["repeats"] == 2
+    assert set(mem["peak_rss_mb"]) == set(mem["first_run_ms"]) == {"bs1", "bs256"}
+    # Python + numpy + onnxruntime: tens of MB, and a model run only adds to it.
+    assert 10 < mem["runtime_rss_mb"] < mem["peak_rss_mb"]["bs1"] <= mem["peak_rss_mb"]["bs256"]
+    assert mem["load_ms"] > 0 and all(ms > 0 for ms in mem["first_run_ms"].values())
+
+
+def test_memory_profile_names_the_model_that_fails(tmp_path):
+    bad = tmp_path / "broken.onnx"
+    bad.write_bytes(b"not a model")
+    with pytest.raises(UserError, match=r"broken\.onnx: the memory probe failed at batch 1"):
+        bench.memory_profile(bad, (1, 12, 12), (1,), threads=1, level_name="ORT_ENABLE_ALL",
+                             repeats=1)
 
 
 # --- kernel profile ---------------------------------------------------------------------------
@@ -190,15 +279,30 @@ def _row(p50, fp32_p50=None):
 FP32_P50 = {"bs1": 0.2, "bs64": 8.0}
 
 
-def _bench(variant, p50s, threads=(1,), fp32_p50=FP32_P50):
+FP32_IPS = 20000.0
+
+
+def _bench(variant, p50s, threads=(1, 2), fp32_p50=FP32_P50, ips=None, peak=None):
+    """A bench JSON as stages/bench.py writes it."""
     latency = {}
     for t in threads:
         scale = 1 / t  # more threads, faster: a different, recognisable number per thread count
         latency[f"threads{t}"] = {
             bs: _row(p50 * scale, None if variant == "fp32" else fp32_p50[bs] * scale)
             for bs, p50 in p50s.items()}
+    ips = ips or (FP32_IPS if variant == "fp32" else 2.5 * FP32_IPS)
+    throughput = {"batch_size": 64, "cores": 2,
+                  "ips": {variant: {"streams1_threads2": ips * 0.8, "streams2_threads1": ips}},
+                  "best": {"streams": 2, "threads": 1, "ips": ips}}
+    if variant != "fp32":
+        throughput.update({"fp32_best": {"streams": 2, "threads": 1, "ips": FP32_IPS},
+                           "speedup": round(ips / FP32_IPS, 4)})
+    peak = peak or {"bs1": 60.0, "bs64": 80.0}
+    memory = {"threads": threads[0], "repeats": 3, "runtime_rss_mb": 45.0, "load_ms": 6.5,
+              "peak_rss_mb": peak, "first_run_ms": {bs: 1.0 for bs in peak}}
     return {"variant": variant, "graph_optimization_level": "ORT_ENABLE_ALL",
-            "machine": VNNI_MACHINE, "latency": latency}
+            "machine": VNNI_MACHINE, "threads": list(threads), "latency": latency,
+            "throughput": throughput, "memory": memory}
 
 
 @pytest.fixture
@@ -215,23 +319,33 @@ def benches():
             "static": _bench("static", {"bs1": 0.1, "bs64": 3.2}, threads=(1, 2))}
 
 
+FP32_KEYS = {"accuracy", "size_bytes", "latency_p50_ms", "by_threads", "throughput_ips",
+             "throughput_config", "peak_rss_mb", "load_ms"}
+QUANTIZED_KEYS = FP32_KEYS | {"accuracy_drop_pp", "agreement", "size_ratio", "speedup",
+                              "throughput_speedup"}
+
+
 def test_summary_has_exactly_the_contract_keys(evals, benches):
-    summary = report.build_summary(evals, benches, threads=1)
-    assert set(summary) == {"fp32", "dynamic", "static"}
-    assert set(summary["fp32"]) == {"accuracy", "size_bytes", "latency_p50_ms"}
-    quantized_keys = {"accuracy", "accuracy_drop_pp", "agreement", "size_bytes", "size_ratio",
-                      "latency_p50_ms", "speedup"}
-    assert set(summary["dynamic"]) == set(summary["static"]) == quantized_keys
-    for entry in summary.values():
-        assert set(entry["latency_p50_ms"]) == {"bs1", "bs64"}
+    summary = report.build_summary(evals, benches)
+    assert set(summary) == {"fp32", "dynamic", "static", "machine"}
+    assert summary["machine"] == VNNI_MACHINE
+    assert set(summary["fp32"]) == FP32_KEYS
+    assert set(summary["dynamic"]) == set(summary["static"]) == QUANTIZED_KEYS
+    for variant in ("fp32", "dynamic", "static"):
+        entry = summary[variant]
+        assert set(entry["latency_p50_ms"]) == set(entry["peak_rss_mb"]) == {"bs1", "bs64"}
+        assert set(entry["by_threads"]) == {"threads1", "threads2"}
+        for row in entry["by_threads"].values():
+            assert set(row) == ({"latency_p50_ms"} if variant == "fp32" else
+                                {"latency_p50_ms", "speedup"})
     assert set(summary["static"]["speedup"]) == {"bs1", "bs64"}
     json.dumps(summary)
 
 
 def test_summary_arithmetic(evals, benches):
-    s = report.build_summary(evals, benches, threads=1)
-    assert s["fp32"] == {"accuracy": 0.98, "size_bytes": 4_000_000,
-                         "latency_p50_ms": {"bs1": 0.2, "bs64": 8.0}}
+    s = report.build_summary(evals, benches)
+    assert {k: s["fp32"][k] for k in ("accuracy", "size_bytes", "latency_p50_ms")} == {
+        "accuracy": 0.98, "size_bytes": 4_000_000, "latency_p50_ms": {"bs1": 0.2, "bs64": 8.0}}
     assert s["dynamic"]["accuracy_drop_pp"] == pytest.approx(0.5)   # (0.98 - 0.975) * 100
     assert s["static"]["accuracy_drop_pp"] == pytest.approx(1.0)
     assert s["dynamic"]["agreement"] == 0.99 and s["static"]["agreement"] == 0.985
@@ -242,15 +356,40 @@ def test_summary_arithmetic(evals, benches):
     assert s["dynamic"]["speedup"]["bs1"] == pytest.approx(1.25)
 
 
-def test_summary_uses_the_requested_thread_count(evals, benches):
-    s = report.build_summary(evals, benches, threads=2)
+def test_summary_headline_is_the_first_thread_count_benched(evals, benches):
+    s = report.build_summary(evals, benches)  # benched at threads (1, 2): 1 first
+    assert s["static"]["latency_p50_ms"] == s["static"]["by_threads"]["threads1"]["latency_p50_ms"]
+    for b in benches.values():
+        b["threads"] = [2, 1]  # bench.threads: [all, 1] on 2 cores
+    s = report.build_summary(evals, benches)
     assert s["fp32"]["latency_p50_ms"] == {"bs1": pytest.approx(0.1), "bs64": pytest.approx(4.0)}
     assert s["static"]["latency_p50_ms"]["bs64"] == pytest.approx(1.6)
+    assert s["static"]["speedup"] == s["static"]["by_threads"]["threads2"]["speedup"]
+    assert s["static"]["by_threads"]["threads1"]["latency_p50_ms"]["bs64"] == pytest.approx(3.2)
+    assert list(s["static"]["by_threads"]) == ["threads2", "threads1"]
+
+
+def test_summary_throughput_and_memory(evals, benches):
+    benches["static"] = _bench("static", {"bs1": 0.1, "bs64": 3.2}, threads=(1, 2),
+                               ips=2.2 * FP32_IPS, peak={"bs1": 61.5, "bs64": 70.25})
+    s = report.build_summary(evals, benches)
+    assert s["static"]["throughput_ips"] == pytest.approx(44000.0)
+    assert s["static"]["throughput_speedup"] == pytest.approx(2.2)
+    assert s["static"]["throughput_config"] == {"streams": 2, "threads": 1}
+    assert s["fp32"]["throughput_ips"] == FP32_IPS and "throughput_speedup" not in s["fp32"]
+    assert s["static"]["peak_rss_mb"] == {"bs1": 61.5, "bs64": 70.25}
+    assert s["static"]["load_ms"] == 6.5
+
+
+def test_summary_refuses_benches_from_different_machines(evals, benches):
+    benches["static"]["machine"] = {**VNNI_MACHINE, "cpu": "Other CPU"}
+    with pytest.raises(UserError, match=r"metrics/bench/static\.json and metrics/bench/fp32\.json"):
+        report.build_summary(evals, benches)
 
 
 def test_summary_of_an_improving_variant_has_a_negative_drop(evals, benches):
     evals["static"]["accuracy"] = 0.985
-    assert report.build_summary(evals, benches, 1)["static"]["accuracy_drop_pp"] == pytest.approx(-0.5)
+    assert report.build_summary(evals, benches)["static"]["accuracy_drop_pp"] == pytest.approx(-0.5)
 
 
 # --- gates ------------------------------------------------------------------------------------
@@ -295,12 +434,21 @@ def test_both_gates_can_fail_together():
     assert len(report.check_gates(summary, GatesParams())) == 2
 
 
+def test_peak_rss_gate_only_when_set(evals, benches):
+    benches["dynamic"] = _bench("dynamic", {"bs1": 0.16, "bs64": 7.5}, peak={"bs1": 70.0, "bs64": 130.5})
+    summary = report.build_summary(evals, benches)
+    assert report.check_gates(summary, GatesParams()) == []  # no limit by default
+    assert report.check_gates(summary, GatesParams(max_peak_rss_mb=200)) == []
+    failures = report.check_gates(summary, GatesParams(max_peak_rss_mb=100))
+    assert failures == ["dynamic peak RSS 130.5 MB at bs64 > gates.max_peak_rss_mb = 100"]
+
+
 # --- slowdown notes ---------------------------------------------------------------------------
 
 def test_slowdown_note_explains_convinteger(evals, benches):
     evals["dynamic"]["ops"] = {"ConvInteger": 2, "MatMulInteger": 1}
     benches["dynamic"] = _bench("dynamic", {"bs1": 0.8, "bs64": 32.0})  # 4x slower
-    summary = report.build_summary(evals, benches, 1)
+    summary = report.build_summary(evals, benches)
     notes = report.slowdown_notes(summary, evals, VNNI_MACHINE)
     assert len(notes) == 1  # static is faster than FP32: no note for it
     assert notes[0].startswith("dynamic is slower than FP32 at bs1, bs64")
@@ -309,7 +457,7 @@ def test_slowdown_note_explains_convinteger(evals, benches):
 
 def test_slowdown_note_without_vnni(evals, benches):
     benches["static"] = _bench("static", {"bs1": 0.4, "bs64": 6.0})  # slower only at bs1
-    summary = report.build_summary(evals, benches, 1)
+    summary = report.build_summary(evals, benches)
     notes = report.slowdown_notes(summary, evals, NO_VNNI_MACHINE)
     assert len(notes) == 1 and notes[0].startswith("static is slower than FP32 at bs1:")
     assert "VNNI" in notes[0]
@@ -318,7 +466,7 @@ def test_slowdown_note_without_vnni(evals, benches):
 def test_slowdown_note_for_a_low_optimization_level(evals, benches):
     evals["static"]["graph_optimization_level"] = "ORT_ENABLE_BASIC"
     benches["static"] = _bench("static", {"bs1": 0.4, "bs64": 16.0})
-    notes = report.slowdown_notes(report.build_summary(evals, benches, 1), evals, VNNI_MACHINE)
+    notes = report.slowdown_notes(report.build_summary(evals, benches), evals, VNNI_MACHINE)
     assert len(notes) == 1 and "ORT_ENABLE_EXTENDED" in notes[0]
 
 
@@ -334,7 +482,7 @@ def test_slowdown_note_separates_a_microsecond_batch_from_a_slow_kernel(evals, b
     fp32_p50 = {"bs1": 0.02, "bs64": 8.0}
     benches["fp32"] = _bench("fp32", fp32_p50)
     benches["static"] = _bench("static", {"bs1": 0.03, "bs64": 10.0}, fp32_p50=fp32_p50)
-    summary = report.build_summary(evals, benches, 1)
+    summary = report.build_summary(evals, benches)
     profiles = {"fp32": _profile(7.9, "Conv", "conv1_nchwc", 6.0),
                 "static": _profile(9.8, "QLinearConv", "node_conv2d_token_1", 7.35)}
     notes = report.slowdown_notes(summary, evals, VNNI_MACHINE, profiles)
@@ -350,7 +498,7 @@ def test_slowdown_note_separates_a_microsecond_batch_from_a_slow_kernel(evals, b
 
     # A dynamic slowdown at bs64 is put down to how little of the time its INT8 kernels take.
     benches["dynamic"] = _bench("dynamic", {"bs1": 0.01, "bs64": 8.5}, fp32_p50=fp32_p50)
-    with_dynamic = report.build_summary(evals, benches, 1)
+    with_dynamic = report.build_summary(evals, benches)
     profiles["dynamic"] = {**_profile(8.4, "Conv", "conv1_nchwc", 6.0),
                            "by_op_ms": {"Conv": 6.0, "DynamicQuantizeMatMul": 0.84, "MaxPool": 1.56}}
     dynamic_note = report.slowdown_notes(with_dynamic, evals, VNNI_MACHINE, profiles)[0]
@@ -359,31 +507,93 @@ def test_slowdown_note_separates_a_microsecond_batch_from_a_slow_kernel(evals, b
         "bs64) is in INT8 kernels, so there is little to gain while activations are re-quantized "
         "every run; dynamic quantization pays off on MatMul-heavy models.")
 
-    text = report.render_markdown(summary, notes, VNNI_MACHINE, threads=1, profiles=profiles)
+    text = report.render_markdown(summary, notes, profiles=profiles)
     assert ("Kernel time at bs64 (1 thread(s), ORT profile): fp32 7.90 ms (Conv 76%, MaxPool 24%); "
             "static 9.80 ms (QLinearConv 75%, MaxPool 25%); dynamic 8.40 ms (Conv 71%, MaxPool 19%, "
             "DynamicQuantizeMatMul 10%).") in text
 
 
 def test_no_slowdown_notes_when_everything_is_faster(evals, benches):
-    summary = report.build_summary(evals, benches, 1)
+    summary = report.build_summary(evals, benches)
     assert report.slowdown_notes(summary, evals, VNNI_MACHINE) == []
 
 
 # --- markdown ---------------------------------------------------------------------------------
 
-def test_markdown_has_a_row_per_variant(evals, benches):
-    summary = report.build_summary(evals, benches, 1)
-    text = report.render_markdown(summary, ["static is slower than FP32 at bs1: why."],
-                                  VNNI_MACHINE, threads=1)
-    lines = text.splitlines()
-    header = lines[2]
-    assert "p50 bs1 (ms)" in header and "speedup bs64" in header
-    rows = {line.split("|")[1].strip(): line for line in lines if line.startswith("| ")}
-    assert set(rows) == {"variant", "fp32", "dynamic", "static"}
-    columns = header.count("|")
-    assert all(row.count("|") == columns for row in rows.values())
-    assert "0.9700" in rows["static"] and "x2.50" in rows["static"] and "1.00" in rows["static"]
-    assert "—" in rows["fp32"]  # no drop/speedup for the baseline
-    assert "- static is slower than FP32 at bs1: why." in text
-    assert "Test CPU" in text and "avx512_vnni" in text and text.endswith("\n")
+def _tables(text: str) -> dict[str, list[list[str]]]:
+    """{section title: rows of cells} of every Markdown table under a '## ' heading."""
+    tables, title = {}, None
+    for line in text.splitlines():
+        if line.startswith("## "):
+            title = line[3:]
+        elif line.startswith("| ") and title:
+            tables.setdefault(title, []).append([c.strip() for c in line.strip("|").split("|")])
+    return tables
+
+
+def test_markdown_names_the_machine_and_has_every_section(evals, benches):
+    for b in benches.values():
+        b["threads"] = [2, 1]  # all cores first, as by default
+    summary = report.build_summary(evals, benches)
+    text = report.render_markdown(summary, ["static is slower than FP32 at bs1: why."])
+    assert text.startswith("# quantpipe results\n\nMeasured on Test CPU, 2 cores; avx2, avx512f, "
+                           "avx512_vnni (no avx512bw, avx_vnni, amx_int8); onnxruntime 1.32.0.")
+    tables = _tables(text)
+    assert list(tables) == ["2 intra-op threads (all cores)", "Latency by thread count",
+                            "Throughput, every core busy (2 cores, largest batch)",
+                            "Memory and start-up (a fresh process, 2 thread(s))"]
+    headline = {row[0]: row for row in tables["2 intra-op threads (all cores)"]}
+    assert list(headline) == ["variant", "fp32", "dynamic", "static"]
+    assert headline["variant"][6:] == ["p50 bs1 (ms)", "p50 bs64 (ms)", "speedup bs1", "speedup bs64"]
+    assert all(len(row) == len(headline["variant"]) for row in headline.values())
+    # 2 threads: the fixture's latencies halve, speedups stay.
+    assert headline["static"][1:4] == ["0.9700", "1.00", "0.9850"]
+    assert headline["static"][6:] == ["0.050", "1.600", "x2.00", "x2.50"]
+    assert headline["fp32"][2] == "—"  # no drop/speedup for the baseline
+    by_threads = [row[:3] for row in tables["Latency by thread count"][1:]]
+    assert by_threads[:2] == [["fp32", "2", "0.100"], ["fp32", "1", "0.200"]]
+    assert len(by_threads) == 6
+    throughput = {row[0]: row for row in tables["Throughput, every core busy (2 cores, largest batch)"]}
+    assert throughput["static"] == ["static", "2 streams x 1 thread", "50,000", "x2.50"]
+    assert throughput["fp32"][3] == "—"
+    memory = {row[0]: row for row in tables["Memory and start-up (a fresh process, 2 thread(s))"]}
+    assert memory["variant"] == ["variant", "load (ms)", "peak RSS bs1 (MB)", "peak RSS bs64 (MB)"]
+    assert memory["static"] == ["static", "6.5", "60.0", "80.0"]
+    assert "- static is slower than FP32 at bs1: why." in text and text.endswith("\n")
+
+
+def test_markdown_shows_torch_in_the_latency_tables_only(evals, benches):
+    torch_bench = {"accuracy": 0.98, "size_bytes": 4_000_000,
+                   "latency": _bench("torch", {"bs1": 0.5, "bs64": 16.0})["latency"]}
+    summary = report.build_summary(evals, benches, torch_bench)
+    assert set(summary["torch"]) == {"accuracy", "size_bytes", "latency_p50_ms", "speedup", "by_threads"}
+    assert summary["torch"]["speedup"] == {"bs1": pytest.approx(0.4), "bs64": pytest.approx(0.5)}
+    tables = _tables(report.render_markdown(summary, []))
+    sections = {title: {row[0] for row in rows} for title, rows in tables.items()}
+    assert "torch" in sections["1 intra-op thread (of 2 cores)"]
+    assert "torch" in sections["Latency by thread count"]
+    assert not any("torch" in names for title, names in sections.items()
+                   if title.startswith(("Throughput", "Memory")))
+
+
+def test_thread_scaling_note_when_the_gain_shrinks_with_threads(evals, benches):
+    for b in benches.values():
+        b["threads"] = [2, 1]
+    summary = report.build_summary(evals, benches)
+    assert report.thread_scaling_notes(summary) == []  # the fixture scales evenly with threads
+    # Static: x2.5 at 1 thread but only x1.5 at 2 threads at bs64.
+    summary["static"]["speedup"] = summary["static"]["by_threads"]["threads2"]["speedup"] = \
+        {"bs1": 2.0, "bs64": 1.5}
+    notes = report.thread_scaling_notes(summary)
+    assert notes == ["static gains less with more threads: x2.50 at 1 thread, x1.50 at 2 threads "
+                     "(bs64), because FP32's kernels parallelize better than its INT8 kernels "
+                     "(compare the kernel profiles). With every core busy, 2 streams x 1 thread "
+                     "reach x2.50 FP32's best throughput: serve concurrent requests from several "
+                     "sessions rather than one session with every thread."]
+    summary["static"]["throughput_config"] = {"streams": 1, "threads": 2}
+    assert report.thread_scaling_notes(summary)[0].endswith("1 stream x 2 threads reach x2.50 "
+                                                            "FP32's best throughput.")
+    # A 1-thread headline has nothing to compare.
+    for b in benches.values():
+        b["threads"] = [1, 2]
+    assert report.thread_scaling_notes(report.build_summary(evals, benches)) == []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -14,7 +16,8 @@ from quantpipe import data, evaluate, models, onnxutil
 SHAPE = (1, 12, 12)
 LEVEL = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
 ALL_CHECKS = {"finite_zeros", "finite_max_value", "finite_min_value", "finite_beyond_max",
-              "finite_beyond_min", "finite_test_samples", "batch_1", "batch_odd", "batch_large"}
+              "finite_beyond_min", "finite_test_samples", "batch_1", "batch_odd", "batch_large",
+              "concurrent_requests"}
 
 
 # --- accuracy_metrics -------------------------------------------------------------------------
@@ -108,7 +111,8 @@ def _session(model: nn.Module) -> ort.InferenceSession:
 
 def _checks(session, samples, atol=1e-4):
     info, x = samples
-    found = evaluate.edge_checks(session, info, x, odd_batch=7, large_batch=16, atol=atol)
+    found = evaluate.edge_checks(session, info, x, odd_batch=7, large_batch=16, atol=atol,
+                                 callers=4, concurrency_atol=0.0)
     assert len(found) == len(ALL_CHECKS) and {c.name for c in found} == ALL_CHECKS
     return {c.name: c for c in found}
 
@@ -119,6 +123,10 @@ def test_edge_checks_pass_for_a_batch_independent_model(samples, cnn_session):
     assert failed == []
     assert "batch of 7" in checks["batch_odd"].detail
     assert "batch of 16" in checks["batch_large"].detail  # min(len(x)=24, large_batch=16)
+    # 4 callers, batches of 1, 7 and 16 (the odd and large sizes), bit-identical to sequential.
+    assert checks["concurrent_requests"].detail.startswith(
+        "4 threads x 3 calls on one session at once, batches of 1, 7, 16: max |concurrent - "
+        "sequential| = 0 (exactly)")
 
 
 def test_edge_checks_catch_a_batch_dependent_model(samples):
@@ -147,3 +155,107 @@ def test_edge_checks_constant_inputs_are_the_extreme_normalized_pixels(samples, 
     assert f"{high:+.3f}" in checks["finite_max_value"].detail
     assert f"{low:+.3f}" in checks["finite_min_value"].detail
     assert f"{4 * high:+.3f}" in checks["finite_beyond_max"].detail
+
+
+# --- concurrent requests ----------------------------------------------------------------------
+
+class SwappingRunner:
+    """Wraps a correct runner but, like a server that shares one output buffer between request
+    threads, hands two overlapping calls each other's result. Sequential calls are unaffected.
+
+    Deterministic: a call waits (up to 0.2 s) for a partner; two calls that meet swap outputs.
+    """
+
+    def __init__(self, run) -> None:
+        self.run = run
+        self.lock = threading.Lock()
+        self.waiting: dict | None = None
+
+    def __call__(self, batch: np.ndarray) -> np.ndarray:
+        mine = {"out": self.run(batch), "swapped": threading.Event()}
+        with self.lock:
+            partner, self.waiting = self.waiting, (None if self.waiting else mine)
+        if partner is not None:  # the second of a pair: exchange outputs, wake the first
+            mine["out"], partner["out"] = partner["out"], mine["out"]
+            partner["swapped"].set()
+            return mine["out"]
+        if not mine["swapped"].wait(0.2):
+            with self.lock:
+                if self.waiting is mine:  # nobody came: withdraw and answer correctly
+                    self.waiting = None
+                    return mine["out"]
+            mine["swapped"].wait()  # a partner took this call just now: wait for its swap
+        return mine["out"]
+
+
+def _session_runner(session):
+    name = session.get_inputs()[0].name
+    return lambda batch: session.run(None, {name: batch})[0]
+
+
+def test_concurrency_check_passes_a_shared_session(samples, cnn_session):
+    _, x = samples
+    inputs = evaluate.concurrent_inputs(x, 8, sizes=(1, 7, 16))
+    check = evaluate.concurrency_check(_session_runner(cnn_session), inputs, atol=0.0)
+    assert check.ok and check.name == "concurrent_requests"
+    assert "8 threads x 3 calls" in check.detail and "= 0 (exactly)" in check.detail
+
+
+def test_concurrency_check_catches_outputs_swapped_between_threads(samples, cnn_session):
+    _, x = samples
+    inputs = evaluate.concurrent_inputs(x, 4, sizes=(3,))  # same shape: a swap is not a shape error
+    swapping = SwappingRunner(_session_runner(cnn_session))
+    # Called one at a time the runner is correct ...
+    for batch in inputs:
+        np.testing.assert_array_equal(swapping(batch), _session_runner(cnn_session)(batch))
+    # ... but concurrent callers get each other's logits, and the check says so.
+    check = evaluate.concurrency_check(swapping, inputs, atol=0.0)
+    assert not check.ok
+    gap = float(check.detail.split("= ")[1].split()[0])
+    assert gap > 0.1  # whole logits of another sample, not rounding
+    # A tolerance does not hide it either: the swapped logits are far apart.
+    assert not evaluate.concurrency_check(swapping, inputs, atol=1e-3).ok
+
+
+def test_concurrency_check_counts_an_output_of_another_shape_as_a_mismatch(samples, cnn_session):
+    _, x = samples
+    inputs = evaluate.concurrent_inputs(x, 4, sizes=(1, 2))
+    swapping = SwappingRunner(_session_runner(cnn_session))
+    check = evaluate.concurrency_check(swapping, inputs, atol=1.0)
+    assert not check.ok and "= inf" in check.detail
+
+
+def test_concurrency_check_fails_in_the_stage_through_edge_checks(samples, cnn_session, monkeypatch):
+    """edge_checks runs the check on the session it is given; a wrapper that swaps fails it."""
+    info, x = samples
+    real = evaluate.concurrency_check
+    monkeypatch.setattr(evaluate, "concurrency_check",
+                        lambda run, inputs, atol: real(SwappingRunner(run), inputs, atol=atol))
+    checks = {c.name: c for c in evaluate.edge_checks(cnn_session, info, x, odd_batch=7,
+                                                       large_batch=16, atol=1e-4, callers=4,
+                                                       concurrency_atol=0.0)}
+    assert not checks["concurrent_requests"].ok
+    assert all(c.ok for name, c in checks.items() if name != "concurrent_requests")
+
+
+def test_concurrent_inputs_are_different_slices_with_cycling_sizes():
+    x = np.arange(10, dtype=np.float32).reshape(10, 1)
+    inputs = evaluate.concurrent_inputs(x, 5, sizes=(1, 3))
+    assert [len(b) for b in inputs] == [1, 3, 1, 3, 1]
+    assert [b.ravel().tolist() for b in inputs] == [[0], [1, 2, 3], [4], [5, 6, 7], [8]]
+    wrapped = evaluate.concurrent_inputs(x, 4, sizes=(4,))
+    assert wrapped[2].ravel().tolist() == [8, 9, 0, 1]  # past the end: wraps around
+
+
+def test_concurrency_check_reraises_a_callers_exception(samples):
+    _, x = samples
+    calls = []
+
+    def failing(batch):
+        calls.append(threading.current_thread().name)
+        if len(calls) > 2:  # the sequential reference calls succeed, concurrent ones fail
+            raise RuntimeError("session crashed")
+        return batch.reshape(len(batch), -1)
+
+    with pytest.raises(RuntimeError, match="session crashed"):
+        evaluate.concurrency_check(failing, evaluate.concurrent_inputs(x, 2, sizes=(1,)), atol=0.0)

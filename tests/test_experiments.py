@@ -33,11 +33,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, TINY_PARAMS, dvc, git, make_project, reproduce, set_params
+from conftest import PROBE, ROOT, TINY_PARAMS, dvc, git, make_project, reproduce, set_params
 
 REVIEW = ROOT / "scripts" / "review.sh"
 PARETO = ROOT / "scripts" / "pareto.py"
-STATIC_BRANCH = {"quantize_static", "evaluate@static", "bench@static", "report"}
+STATIC_BRANCH = {PROBE, "quantize_static", "evaluate@static", "bench@static", "report"}
 SUMMARY = "metrics/summary.json"
 QUEUE_TIMEOUT_S = 300
 
@@ -165,7 +165,7 @@ def test_queued_sweep_shows_both_experiments_with_metrics(queue, tmp_path):
     # numbers; Percentile re-ran only the static branch (all else came from the cache).
     minmax, percentile = by_method["MinMax"][0], by_method["Percentile"][0]
     assert by_method["MinMax"][1] == base_summary
-    assert stages_run(repo, minmax) == set()
+    assert stages_run(repo, minmax) == {PROBE}
     assert stages_run(repo, percentile) == STATIC_BRANCH
 
     table = dvc(repo, "exp", "show", "--md").stdout

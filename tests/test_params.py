@@ -203,6 +203,13 @@ def test_strings_become_ort_enums():
     assert level == onnxruntime.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
 
 
+def test_bench_threads_take_counts_and_the_word_all():
+    assert Params().bench.threads == ("all", 1)  # the headline is all cores
+    assert parse_params({"bench": {"threads": [4, "all", 2]}}).bench.threads == (4, "all", 2)
+    assert parse_params({"gates": {"max_peak_rss_mb": 512}}).gates.max_peak_rss_mb == 512.0
+    assert Params().gates.max_peak_rss_mb is None
+
+
 def test_qoperator_and_percentile_parse():
     p = parse_params({"quantize_static": {"quant_format": "QOperator",
                                           "calibrate_method": "Percentile",
@@ -218,6 +225,11 @@ def test_qoperator_and_percentile_parse():
     ({"bench": {"batch_sizes": [0]}}, "bench.batch_sizes", ">= 1"),
     ({"bench": {"batch_sizes": []}}, "bench.batch_sizes", "non-empty"),
     ({"bench": {"threads": [0]}}, "bench.threads", ">= 1"),
+    ({"bench": {"threads": ["ALL"]}}, "bench.threads", "'all' (every physical core)"),
+    ({"bench": {"threads": []}}, "bench.threads", "non-empty"),
+    ({"bench": {"threads": [1.5]}}, "bench.threads[0]", "expected int or str"),
+    ({"bench": {"threads": [True]}}, "bench.threads[0]", "expected int or str"),
+    ({"gates": {"max_peak_rss_mb": 0}}, "gates.max_peak_rss_mb", "> 0 (MiB) or null"),
     ({"bench": {"runs": 3, "rounds": 5}}, "bench.runs", "bench.rounds"),
     ({"quantize_static": {"extra_options": {"CalibPercentile": 101}}},
      "quantize_static.extra_options.CalibPercentile", "(0, 100]"),

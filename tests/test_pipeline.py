@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY_PARAMS, make_project, reproduce, set_params
+from conftest import PROBE, TINY_PARAMS, make_project, reproduce, set_params
 
-ALL_STAGES = {"prepare", "train", "export", "simplify", "quantize_dynamic", "quantize_static",
+ALL_STAGES = {PROBE, "prepare", "train", "export", "simplify", "quantize_dynamic", "quantize_static",
               *(f"{s}@{v}" for s in ("evaluate", "bench") for v in ("fp32", "dynamic", "static")),
               "bench_torch", "report"}
-STATIC_BRANCH = {"quantize_static", "evaluate@static", "bench@static", "report"}
+STATIC_BRANCH = {PROBE, "quantize_static", "evaluate@static", "bench@static", "report"}
 
 
 
@@ -35,12 +35,27 @@ def test_first_repro_runs_every_stage_and_writes_the_contract(project):
     for name in ("model.pt", "exported.onnx", "fp32.onnx", "dynamic.onnx", "static.onnx"):
         assert (repo / "models" / name).stat().st_size > 0
     summary = json.loads((repo / "metrics/summary.json").read_text())
-    assert set(summary) == {"fp32", "dynamic", "static", "torch"}
-    assert set(summary["fp32"]) == {"accuracy", "size_bytes", "latency_p50_ms"}
+    assert set(summary) == {"fp32", "dynamic", "static", "torch", "machine"}
+    cores = summary["machine"]["cores"]
+    threads = {f"threads{cores}", "threads1"}  # bench.threads: [all, 1]
+    deploy = {"by_threads", "throughput_ips", "throughput_config", "peak_rss_mb", "load_ms"}
+    assert set(summary["fp32"]) == {"accuracy", "size_bytes", "latency_p50_ms"} | deploy
     for variant in ("dynamic", "static"):
         assert set(summary[variant]) == {"accuracy", "accuracy_drop_pp", "agreement", "size_bytes",
-                                         "size_ratio", "latency_p50_ms", "speedup"}
+                                         "size_ratio", "latency_p50_ms", "speedup",
+                                         "throughput_speedup"} | deploy
         assert set(summary[variant]["speedup"]) == {"bs1", "bs8"}
+        assert set(summary[variant]["by_threads"]) == threads
+        # The headline is the first entry of bench.threads: all cores.
+        assert summary[variant]["speedup"] == summary[variant]["by_threads"][f"threads{cores}"]["speedup"]
+    for variant in ("fp32", "dynamic", "static"):
+        assert summary[variant]["throughput_ips"] > 0 and summary[variant]["load_ms"] > 0
+        assert set(summary[variant]["peak_rss_mb"]) == {"bs1", "bs8"}
+        config = summary[variant]["throughput_config"]
+        assert config["streams"] * config["threads"] == cores
+        evaluation = json.loads((repo / f"metrics/eval/{variant}.json").read_text())
+        concurrent = evaluation["edge_checks"]["concurrent_requests"]
+        assert concurrent["ok"] and concurrent["detail"].startswith(f"{2 * cores} threads")
     # Even one epoch of the tiny CNN learns the digits: far above the 10% of chance.
     assert summary["fp32"]["accuracy"] > 0.8
     assert summary["static"]["size_ratio"] < 0.5
@@ -48,7 +63,7 @@ def test_first_repro_runs_every_stage_and_writes_the_contract(project):
 
 def test_second_repro_runs_nothing(project):
     repo, _ = project
-    assert reproduce(repo) == set()
+    assert reproduce(repo) == {PROBE}
 
 
 def test_forced_train_reproduces_identical_model(project):
@@ -57,7 +72,7 @@ def test_forced_train_reproduces_identical_model(project):
     assert "train" in reproduce(repo, "train", force=True)
     assert md5(repo / "models/model.pt") == before
     # Identical weights -> identical hashes downstream: nothing is out of date.
-    assert reproduce(repo) == set()
+    assert reproduce(repo) == {PROBE}
 
 
 def test_calibrate_method_change_reruns_only_the_static_branch(project):
@@ -94,3 +109,34 @@ def test_gates_fail_report_unless_not_enforced(project):
     run = subprocess.run(["dvc", "repro"], cwd=repo, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert "gate: static speedup" in run.stderr + run.stdout  # still reported, as a warning
+
+
+def test_another_machine_re_measures_what_depends_on_it(project):
+    """Metrics committed on another machine: `dvc repro` here re-runs evaluate, bench,
+    bench_torch and report (not train or quantize), and then the report names this machine."""
+    from quantpipe import machine
+
+    repo, _ = project
+    assert reproduce(repo) == {PROBE}
+    here = json.loads((repo / "metrics/machine.json").read_text())
+    assert here == machine.probe()
+    elsewhere = {**here, "cpu": "Another CPU", "cores": here["cores"] + 2,
+                 "cpu_flags": {**here["cpu_flags"], "amx_int8": not here["cpu_flags"]["amx_int8"]}}
+    (repo / "metrics/machine.json").write_text(json.dumps(elsewhere))
+    # As if that machine had written dvc.lock: every stage records its machine.json.
+    subprocess.run(["dvc", "commit", "-f", "-q"], cwd=repo, check=True, capture_output=True)
+
+    # No run cache: a clone on that machine would not have this one's (the run cache would
+    # otherwise restore the measurements this repo already made here, which is fine in use).
+    ran = reproduce(repo, run_cache=False)
+    assert ran == {PROBE, "bench_torch", "report",
+                   *(f"{s}@{v}" for s in ("evaluate", "bench") for v in ("fp32", "dynamic", "static"))}
+    assert json.loads((repo / "metrics/machine.json").read_text()) == here
+    for variant in ("fp32", "dynamic", "static", "torch"):
+        bench = json.loads((repo / f"metrics/bench/{variant}.json").read_text())
+        assert bench["machine"] == here
+        assert bench["threads"] == ([here["cores"], 1] if here["cores"] > 1 else [1])
+    assert json.loads((repo / "metrics/summary.json").read_text())["machine"] == here
+    report_md = (repo / "metrics/report.md").read_text()
+    assert f"Measured on {machine.describe(here)}." in report_md and "Another CPU" not in report_md
+    assert reproduce(repo) == {PROBE}  # and back to a no-op
