@@ -190,9 +190,11 @@ def throughput_table(pools_for: Callable[[StreamConfig], dict[str, list[Runner]]
     """Throughput at the largest batch size of every stream configuration of `cores` cores.
 
     pools_for(config) gives, per model (`variant` and "fp32"), one runner per stream; both are
-    timed in the same interleaved rounds. Returns {"batch_size", "ips": {model: {config key:
-    images/s}}, "best": the variant's best configuration, "fp32_best", "speedup": best / FP32's
-    best}: each side at the configuration that suits it, as each would be deployed.
+    timed in the same interleaved rounds. Returns {"batch_size", "cores", "ips": {config key:
+    images/s}, "best": the best configuration} for `variant`, and for a variant other than
+    fp32 the same of FP32 from the same rounds ("baseline_ips", "baseline_best", as
+    latency rows name FP32 "baseline") and "speedup" = best / baseline_best: each side at the
+    configuration that suits it, as each would be deployed.
     """
     from tqdm import tqdm
 
@@ -210,10 +212,10 @@ def throughput_table(pools_for: Callable[[StreamConfig], dict[str, list[Runner]]
         config = max(configs, key=lambda c: ips[model][c.key])
         return {"streams": config.streams, "threads": config.threads, "ips": ips[model][config.key]}
 
-    result = {"batch_size": len(batch), "cores": cores, "ips": ips, "best": best(variant)}
+    result = {"batch_size": len(batch), "cores": cores, "ips": ips[variant], "best": best(variant)}
     if variant != "fp32":
-        result["fp32_best"] = best("fp32")
-        result["speedup"] = round(result["best"]["ips"] / result["fp32_best"]["ips"], 4)
+        result.update({"baseline_ips": ips["fp32"], "baseline_best": best("fp32")})
+        result["speedup"] = round(result["best"]["ips"] / result["baseline_best"]["ips"], 4)
     return result
 
 
