@@ -248,6 +248,9 @@ def test_review_script_reports_metrics_and_param_changes(baseline, tmp_path):
         out = proc.stdout
         assert "No default DVC remote configured: skipping the pull" in proc.stderr
         metrics = out.split("## Metrics")[1].split("## Params")[0]
+        # Both sides were measured here: the review says so before the numbers.
+        assert f"Machine: {base} and the workspace were measured on the same kind of machine" \
+            in metrics, metrics
         assert re.search(rf"^\| Path +\| Metric +\| {re.escape(base)} +\| workspace +\| Change",
                          metrics, re.M), metrics
         assert re.search(r"^\| metrics/summary\.json +\| static\.\S+ ", metrics, re.M), metrics
