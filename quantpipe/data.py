@@ -248,12 +248,17 @@ def stratified_split(y: np.ndarray, val_fraction: float, test_fraction: float,
 
 def draw_calibration(train: Split, size: int, seed: int) -> Split:
     """`size` samples drawn without replacement from the train split (never from test)."""
-    if size > len(train):
+    return train.take(calibration_indices(len(train), size, seed))
+
+
+def calibration_indices(n_train: int, size: int, seed: int) -> np.ndarray:
+    """Sorted indices into the train split of the calibration samples."""
+    if size > n_train:
         raise UserError(f"prepare.calib_size = {size} is larger than the train split "
-                        f"({len(train)} samples); use at most {len(train)}")
+                        f"({n_train} samples); use at most {n_train}")
     # A separate stream from the split's, so changing calib_size never moves the split.
     rng = np.random.default_rng([seed, 1])
-    return train.take(np.sort(rng.choice(len(train), size=size, replace=False)))
+    return np.sort(rng.choice(n_train, size=size, replace=False))
 
 
 def compute_info(source: str, train: Split, num_classes: int,
@@ -303,6 +308,17 @@ def load_info(directory: Path | str) -> DataInfo:
     except (json.JSONDecodeError, KeyError, TypeError) as e:
         raise UserError(f"{path}: unreadable dataset metadata ({type(e).__name__}: {e}); "
                         "re-run `dvc repro -f prepare`") from None
+
+
+CALIB_INDEX = "calib_index.npy"  # in data/calibration: which train samples calibrate
+
+
+def load_calibration_index(directory: Path | str) -> np.ndarray:
+    path = Path(directory) / CALIB_INDEX
+    try:
+        return np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise UserError(f"{path}: not found; re-run `dvc repro -f prepare`") from None
 
 
 def load_split(directory: Path | str, name: str) -> Split:

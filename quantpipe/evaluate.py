@@ -10,18 +10,24 @@ import numpy as np
 import onnxruntime as ort
 
 from quantpipe.bench import run_concurrently
+from quantpipe.criterion import compare
 from quantpipe.data import DataInfo
 from quantpipe.onnxutil import run_batched
 
 
 def accuracy_metrics(logits: np.ndarray, ref_logits: np.ndarray, y: np.ndarray,
                      num_classes: int) -> dict:
-    """Accuracy, top-1 agreement and logit error vs the FP32 reference, per-class accuracy."""
+    """Accuracy, top-1 agreement, flips (each direction, McNemar's p) and logit error vs the
+    FP32 reference, per-class accuracy."""
     pred, ref_pred = logits.argmax(1), ref_logits.argmax(1)
     error = np.abs(logits.astype(np.float64) - ref_logits.astype(np.float64))
+    flips = compare(pred, ref_pred, y)
     return {
         "accuracy": round(float((pred == y).mean()), 6),
-        "agreement": round(float((pred == ref_pred).mean()), 6),
+        "agreement": flips.agreement,
+        "fp32_right_int8_wrong": flips.fp32_right_int8_wrong,
+        "int8_right_fp32_wrong": flips.int8_right_fp32_wrong,
+        "mcnemar_p": flips.mcnemar_p,
         "max_abs_logit_error": round(float(error.max()), 6),
         "mean_abs_logit_error": round(float(error.mean()), 6),
         "per_class_accuracy": {str(c): round(float((pred[y == c] == c).mean()), 6)

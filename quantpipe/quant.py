@@ -283,8 +283,7 @@ def fallback_order(table: list[dict], already: list[str]) -> list[str]:
 
 @dataclass
 class StaticResult:
-    fp32_val_accuracy: float
-    steps: list[dict]  # one per quantization: nodes left in float so far, val accuracy, drop
+    steps: list[dict]  # one per quantization: nodes left in float so far, and check()'s result
     fallback_nodes: list[str]
     sensitivity: list[dict]
     calib_samples_used: int
@@ -297,11 +296,13 @@ class StaticResult:
 
 def quantize_static_with_fallback(fp32_path: Path, out_path: Path, calib_x: np.ndarray,
                                   info: DataInfo, p: QuantizeStaticParams,
-                                  val_accuracy: Callable[[Path], float]) -> StaticResult:
-    """quant_pre_process, calibrate and quantize; then, while the validation accuracy drops by
-    more than p.max_accuracy_drop_pp, leave the node that adds the most quantization noise
-    (see sensitivity) in float and quantize again, at most p.max_fallback_steps times. All
-    quantizations share one calibration. Writes the last model."""
+                                  check: Callable[[Path], dict]) -> StaticResult:
+    """quant_pre_process, calibrate and quantize; then, while check(model) says its accuracy
+    drop is real ("real_drop"; see quantpipe.criterion), leave the node that adds the most
+    quantization noise (see sensitivity) in float and quantize again, at most
+    p.max_fallback_steps times. All quantizations share one calibration. Writes the last model.
+
+    check(path) -> {"val_accuracy", "accuracy_drop_pp", "real_drop": bool, ...}: one step."""
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         pre = workdir / "preprocessed.onnx"
@@ -313,7 +314,6 @@ def quantize_static_with_fallback(fp32_path: Path, out_path: Path, calib_x: np.n
         # SQNR needs only a few batches; collect_activations keeps every output in memory.
         probe = CalibrationReader(calib_x[:SENSITIVITY_SAMPLES], info, input_name, p.calib_batch_size)
 
-        fp32_acc = val_accuracy(pre)
         excluded = list(p.nodes_to_exclude)
         cache = workdir / "calibration.json"
         calibrate(pre, reader, p, extra, cache)
@@ -326,25 +326,18 @@ def quantize_static_with_fallback(fp32_path: Path, out_path: Path, calib_x: np.n
                       cache, quant_format=QuantFormat.QDQ)
         table = sensitivity(pre, twin, probe, workdir)
 
-        steps = [_step(excluded, val_accuracy(candidate), fp32_acc)]
+        steps = [{"nodes_in_float": list(excluded), **check(candidate)}]
         ranked = fallback_order(table, excluded)
         fallback: list[str] = []
-        while steps[-1]["accuracy_drop_pp"] > p.max_accuracy_drop_pp and ranked \
-                and len(fallback) < p.max_fallback_steps:
+        while steps[-1]["real_drop"] and ranked and len(fallback) < p.max_fallback_steps:
             fallback.append(ranked.pop(0))
-            log.warning("quantize_static: accuracy drop %.2f pp > %.2f pp; leaving %s in float",
-                        steps[-1]["accuracy_drop_pp"], p.max_accuracy_drop_pp, fallback[-1])
+            log.warning("quantize_static: %s; leaving %s in float",
+                        steps[-1].get("verdict", "accuracy drop"), fallback[-1])
             quantize_once(pre, candidate, reader, p, excluded + fallback, extra, cache)
-            steps.append(_step(excluded + fallback, val_accuracy(candidate), fp32_acc))
+            steps.append({"nodes_in_float": excluded + fallback, **check(candidate)})
         os.replace(candidate, out_path)
-    return StaticResult(fp32_val_accuracy=fp32_acc, steps=steps, fallback_nodes=fallback,
-                        sensitivity=table, calib_samples_used=n_calib,
-                        symbolic_shape_inference=symbolic)
-
-
-def _step(excluded: list[str], accuracy: float, fp32_accuracy: float) -> dict:
-    return {"nodes_in_float": list(excluded), "val_accuracy": round(accuracy, 6),
-            "accuracy_drop_pp": round((fp32_accuracy - accuracy) * 100, 4)}
+    return StaticResult(steps=steps, fallback_nodes=fallback, sensitivity=table,
+                        calib_samples_used=n_calib, symbolic_shape_inference=symbolic)
 
 
 def quantize_dynamic_model(model_path: Path, out_path: Path, p: QuantizeDynamicParams) -> dict:

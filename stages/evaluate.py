@@ -4,9 +4,11 @@ error vs FP32, per-class accuracy, a confusion matrix, graph facts and edge-inpu
 import sys
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from quantpipe import data, evaluate, onnxutil  # noqa: E402
+from quantpipe import criterion, data, evaluate, onnxutil  # noqa: E402
 from quantpipe import machine as machines  # noqa: E402
 from quantpipe.errors import UserError  # noqa: E402
 from quantpipe.io import run_stage, variant_argument, write_json  # noqa: E402
@@ -28,9 +30,9 @@ def main() -> None:
 
     session = onnxutil.make_session(path, level=level)
     onnxutil.check_input_matches(session, info.input_shape, str(path))
+    fp32_session = session if variant == "fp32" else onnxutil.make_session(fp32_path, level=level)
     logits = onnxutil.run_batched(session, x, p.batch_size)
-    ref = logits if variant == "fp32" else onnxutil.run_batched(
-        onnxutil.make_session(fp32_path, level=level), x, p.batch_size)
+    ref = logits if variant == "fp32" else onnxutil.run_batched(fp32_session, x, p.batch_size)
     atol = getattr(p.batch_consistency_atol, variant)
     # Concurrent requests: twice as many callers as cores, so requests queue for the cores.
     # fp32 and static must match their sequential outputs bit for bit; dynamic is held to its
@@ -44,8 +46,17 @@ def main() -> None:
     if failed:
         others = f" (also failed: {', '.join(c.name for c in failed[1:])})" if failed[1:] else ""
         raise UserError(f"{path}: edge check {failed[0].name} failed: {failed[0].detail}{others}")
+    # Agreement on a larger pool that needs no labels: train images, evenly spaced.
+    train_x = data.load_split(PREPARED, "train").x
+    pool_x = data.normalize(train_x[criterion.pool_indices(len(train_x), exclude=np.array([], int))],
+                            info)
+    pool_pred = onnxutil.run_batched(session, pool_x, p.batch_size).argmax(1)
+    pool_ref = pool_pred if variant == "fp32" else \
+        onnxutil.run_batched(fp32_session, pool_x, p.batch_size).argmax(1)
+    pool = criterion.compare(pool_pred, pool_ref)
     metrics = {
         "variant": variant, **evaluate.accuracy_metrics(logits, ref, test.y, info.num_classes),
+        "pool": pool.as_dict(),
         "size_bytes": path.stat().st_size, "ops": onnxutil.op_counts(model),
         "graph_optimization_level": level.name,
         "edge_checks": {c.name: {"ok": c.ok, "detail": c.detail} for c in checks}}
@@ -53,7 +64,9 @@ def main() -> None:
     write_json(f"metrics/plots/confusion_{variant}.json",
                evaluate.confusion_rows(test.y, logits.argmax(1)))
     print(f"evaluate {variant}: accuracy {metrics['accuracy']:.4f}, agreement with fp32 "
-          f"{metrics['agreement']:.4f}, {len(checks)} edge checks passed")
+          f"{metrics['agreement']:.4f} (flips {metrics['fp32_right_int8_wrong']} lost, "
+          f"{metrics['int8_right_fp32_wrong']} won; pool of {pool.samples}: {pool.agreement:.4f}), "
+          f"{len(checks)} edge checks passed")
 
 
 if __name__ == "__main__":

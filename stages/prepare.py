@@ -1,11 +1,14 @@
 """prepare: load the dataset, split it (stratified, seeded) and draw the calibration set.
 
-Outputs: data/prepared/ (train/val/test .npy + meta.json) and data/calibration/ (calib .npy +
-meta.json), separate so that a calibration change leaves the training data's hash alone.
+Outputs: data/prepared/ (train/val/test .npy + meta.json) and data/calibration/ (calib .npy,
+their indices into train, meta.json), separate so that a calibration change leaves the
+training data's hash alone.
 """
 
 import sys
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -26,12 +29,15 @@ def main() -> None:
         full.y, p.val_fraction, p.test_fraction, seed=params.seed).items()}
     info = data.compute_info(p.source, splits["train"], num_classes, class_names,
                              None if p.mean is None else (p.mean, p.std))
-    calib = data.draw_calibration(splits["train"], p.calib_size, seed=params.seed)
+    calib_index = data.calibration_indices(len(splits["train"]), p.calib_size, seed=params.seed)
+    calib = splits["train"].take(calib_index)
 
     with atomic_path(PREPARED, is_dir=True) as tmp:
         data.save_splits(tmp, splits, info)
     with atomic_path(CALIBRATION, is_dir=True) as tmp:
         data.save_splits(tmp, {"calib": calib}, info)
+        # quantize_static scores models on the train images that did not calibrate them.
+        np.save(tmp / data.CALIB_INDEX, calib_index)
     write_json("metrics/prepare.json", {
         "source": p.source, "num_classes": num_classes, "input_shape": list(info.input_shape),
         **{f"{name}_samples": len(split) for name, split in splits.items()},

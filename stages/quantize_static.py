@@ -1,7 +1,9 @@
 """quantize_static: models/fp32.onnx + data/calibration -> models/static.onnx (INT8, calibrated).
 
-With the accuracy-aware fallback: nodes are left in float, most sensitive first, until the
-validation accuracy is within quantize_static.max_accuracy_drop_pp of FP32.
+With the accuracy-aware fallback: while the accuracy drop is real (quantpipe.criterion: over
+quantize_static.max_accuracy_drop_pp on the validation split, lopsided flips by McNemar's test,
+and below min_pool_agreement on the train images that did not calibrate), nodes are left in
+float, most sensitive first.
 """
 
 import logging
@@ -9,9 +11,11 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from quantpipe import data, onnxutil, quant  # noqa: E402
+from quantpipe import criterion, data, onnxutil, quant  # noqa: E402
 from quantpipe.errors import UserError  # noqa: E402
 from quantpipe.io import atomic_path, run_stage, write_json  # noqa: E402
 from quantpipe.params import load_params  # noqa: E402
@@ -30,29 +34,56 @@ def main() -> None:
     info = data.load_info(CALIBRATION)
     calib = data.load_split(CALIBRATION, "calib")
     quant.check_calibration(calib.x, info.input_shape, fp32)
+    prepared_info = data.load_info(PREPARED)
     val = data.load_split(PREPARED, "val")
-    val_x = data.normalize(val.x, data.load_info(PREPARED))
+    val_x = data.normalize(val.x, prepared_info)
+    train_x = data.load_split(PREPARED, "train").x
+    pool_x = data.normalize(train_x[criterion.pool_indices(
+        len(train_x), data.load_calibration_index(CALIBRATION))], prepared_info)
     warnings = quant.slow_combination_warnings(p)
+    one_image = criterion.one_image_pp(len(val.y))
+    if one_image > p.max_accuracy_drop_pp:
+        warnings.append(f"one of the {len(val.y)} validation images is worth {one_image:.2f} pp, more "
+                        f"than max_accuracy_drop_pp = {p.max_accuracy_drop_pp}: the drop alone cannot "
+                        "tell noise from loss (McNemar's test and the pool decide); raise "
+                        "prepare.val_fraction for a finer criterion")
     for w in warnings:
         logging.warning("quantize_static: %s", w)
 
-    def val_accuracy(model_path: Path) -> float:
-        session = onnxutil.make_session(model_path, level=level)
-        return float((onnxutil.run_batched(session, val_x).argmax(1) == val.y).mean())
+    def predict(model_path: Path, x: np.ndarray) -> np.ndarray:  # (N,) top-1 classes
+        return onnxutil.run_batched(onnxutil.make_session(model_path, level=level), x).argmax(1)
+
+    ref_val, ref_pool = predict(FP32, val_x), predict(FP32, pool_x)
+    fp32_val_accuracy = float((ref_val == val.y).mean())
+
+    def check(model_path: Path) -> dict:
+        """One fallback step: the candidate against FP32 on val and pool, and the verdict."""
+        val_cmp = criterion.compare(predict(model_path, val_x), ref_val, val.y)
+        pool_cmp = criterion.compare(predict(model_path, pool_x), ref_pool)
+        verdict = criterion.judge(val_cmp, pool_cmp, max_drop_pp=p.max_accuracy_drop_pp,
+                                  significance=p.significance,
+                                  min_pool_agreement=p.min_pool_agreement)
+        return {"val_accuracy": round(fp32_val_accuracy - val_cmp.accuracy_drop_pp / 100, 6),
+                "accuracy_drop_pp": val_cmp.accuracy_drop_pp, "val": val_cmp.as_dict(),
+                "pool": pool_cmp.as_dict(), "real_drop": verdict.real, "verdict": verdict.why}
 
     start = time.perf_counter()
     with atomic_path(STATIC) as tmp:
-        result = quant.quantize_static_with_fallback(FP32, tmp, calib.x, info, p, val_accuracy)
+        result = quant.quantize_static_with_fallback(FP32, tmp, calib.x, info, p, check)
         static = onnxutil.load_model(tmp)  # onnx.checker on what we are about to publish
+        last = result.steps[-1]
         metrics = {
             "quant_format": p.quant_format.name, "activation_type": p.activation_type.name,
             "weight_type": p.weight_type.name, "per_channel": p.per_channel,
             "reduce_range": p.reduce_range, "calibrate_method": p.calibrate_method.name,
             "calib_samples": result.calib_samples_used, "nodes_excluded": list(p.nodes_to_exclude),
             "fallback_nodes": result.fallback_nodes, "fallback_steps": result.steps,
-            "fp32_val_accuracy": round(result.fp32_val_accuracy, 6),
-            "val_accuracy": result.steps[-1]["val_accuracy"],
+            "fp32_val_accuracy": round(fp32_val_accuracy, 6),
+            "val_accuracy": last["val_accuracy"],
             "val_accuracy_drop_pp": result.accuracy_drop_pp,
+            # What the decision rests on (the last step): flips and agreement, val and pool.
+            "val": last["val"], "pool": last["pool"], "real_drop": last["real_drop"],
+            "verdict": last["verdict"],
             "slow_combination_warnings": warnings,
             "symbolic_shape_inference": result.symbolic_shape_inference,
             "seconds": round(time.perf_counter() - start, 2),
@@ -62,17 +93,18 @@ def main() -> None:
         # published only if the check passes (the exception skips atomic_path's rename).
         write_json("metrics/quantize_static.json", metrics)
         write_json("metrics/plots/sensitivity.json", result.sensitivity)
-        if result.accuracy_drop_pp > p.max_accuracy_drop_pp:
-            message = (f"{STATIC}: validation accuracy drops {result.accuracy_drop_pp:.2f} pp "
-                       f"> quantize_static.max_accuracy_drop_pp = {p.max_accuracy_drop_pp} even with "
-                       f"{result.fallback_nodes or 'no'} nodes in float; raise max_fallback_steps, "
-                       "try calibrate_method Entropy/Percentile, or set allow_accuracy_drop: true")
+        if last["real_drop"]:
+            message = (f"{STATIC}: {last['verdict']} (quantize_static.max_accuracy_drop_pp = "
+                       f"{p.max_accuracy_drop_pp}) even with {result.fallback_nodes or 'no'} nodes "
+                       "in float; raise max_fallback_steps, try calibrate_method Entropy/Percentile, "
+                       "or set allow_accuracy_drop: true")
             if not p.allow_accuracy_drop:
                 raise UserError(message)
             logging.warning("quantize_static: %s", message)
     print(f"quantize_static: {p.quant_format.name} {p.activation_type.name}/{p.weight_type.name}, "
           f"{p.calibrate_method.name} on {result.calib_samples_used} samples, val drop "
-          f"{result.accuracy_drop_pp:.2f} pp, {len(result.fallback_nodes)} node(s) left in float "
+          f"{result.accuracy_drop_pp:.2f} pp, pool agreement {last['pool']['agreement']:.2%}, "
+          f"{len(result.fallback_nodes)} node(s) left in float "
           f"({metrics['seconds']:.1f}s) -> {STATIC}")
 
 

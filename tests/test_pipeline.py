@@ -48,6 +48,19 @@ def test_first_repro_runs_every_stage_and_writes_the_contract(project):
         assert set(summary[variant]["by_threads"]) == threads
         # The headline is the first entry of bench.threads: all cores.
         assert summary[variant]["speedup"] == summary[variant]["by_threads"][f"threads{cores}"]["speedup"]
+    # What the accuracy decision rests on: flips on val, agreement on the pool of train images
+    # that did not calibrate (quantpipe.criterion).
+    prepared = json.loads((repo / "metrics/prepare.json").read_text())
+    q = json.loads((repo / "metrics/quantize_static.json").read_text())
+    assert q["val"]["samples"] == prepared["val_samples"]
+    assert set(q["val"]) == {"samples", "agreement", "fp32_right_int8_wrong", "int8_right_fp32_wrong",
+                             "accuracy_drop_pp", "mcnemar_p"}
+    assert q["pool"]["samples"] == min(2000, prepared["train_samples"] - prepared["calib_samples"])
+    assert q["real_drop"] is False and q["verdict"].startswith("validation drop")
+    assert all({"val", "pool", "real_drop", "verdict"} <= set(step) for step in q["fallback_steps"])
+    static_eval = json.loads((repo / "metrics/eval/static.json").read_text())
+    assert {"fp32_right_int8_wrong", "int8_right_fp32_wrong", "mcnemar_p"} <= set(static_eval)
+    assert static_eval["pool"]["samples"] == min(2000, prepared["train_samples"])
     for variant in ("fp32", "dynamic", "static"):
         assert summary[variant]["throughput_ips"] > 0 and summary[variant]["load_ms"] > 0
         assert set(summary[variant]["peak_rss_mb"]) == {"bs1", "bs8"}

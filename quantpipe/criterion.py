@@ -1,0 +1,97 @@
+"""When is an accuracy drop real? Flips against FP32, McNemar's test, agreement on a large pool.
+
+A validation split of a few hundred images makes one image worth 0.2-0.6 pp: a drop above
+quantize_static.max_accuracy_drop_pp can be one or two flipped images, i.e. noise. So a drop
+counts as real only when all three hold:
+- the validation accuracy drops by more than max_accuracy_drop_pp;
+- the flips are lopsided beyond chance: FP32-right -> INT8-wrong (b) outnumber INT8-right ->
+  FP32-wrong (c) with McNemar's exact one-sided p-value below `significance` (under "no real
+  drop" each discordant image is a fair coin, so b ~ Binomial(b + c, 1/2));
+- the model agrees with FP32 on less than `min_pool_agreement` of a large unlabeled pool (train
+  images not used for calibration): at 99.5% agreement no accuracy can move by more than 0.5 pp.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+# Pool images scored per model: at 99.5% agreement the verdict rests on ~10 disagreements.
+POOL_SIZE = 2000
+
+
+def mcnemar_p(b: int, c: int) -> float:
+    """One-sided exact McNemar p-value: P(X >= b) for X ~ Binomial(b + c, 1/2)."""
+    n = b + c
+    if n == 0:
+        return 1.0
+    return min(1.0, sum(math.comb(n, k) for k in range(b, n + 1)) / 2 ** n)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A quantized model's top-1 predictions against FP32's on one set of samples."""
+    samples: int
+    agreement: float
+    # Only with labels: accuracy flips in each direction and the accuracy drop they make.
+    fp32_right_int8_wrong: int | None = None
+    int8_right_fp32_wrong: int | None = None
+    accuracy_drop_pp: float | None = None
+    mcnemar_p: float | None = None
+
+    def as_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+def compare(pred: np.ndarray, ref_pred: np.ndarray, y: np.ndarray | None = None) -> Comparison:
+    """pred, ref_pred: (N,) top-1 classes of the quantized model and of FP32; y: labels or None."""
+    agreement = round(float((pred == ref_pred).mean()), 6) if len(pred) else 1.0
+    if y is None:
+        return Comparison(samples=len(pred), agreement=agreement)
+    right, ref_right = pred == y, ref_pred == y
+    b, c = int((ref_right & ~right).sum()), int((right & ~ref_right).sum())
+    return Comparison(samples=len(pred), agreement=agreement, fp32_right_int8_wrong=b,
+                      int8_right_fp32_wrong=c,
+                      accuracy_drop_pp=round((b - c) / max(len(pred), 1) * 100, 4),
+                      mcnemar_p=round(mcnemar_p(b, c), 6))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    real: bool
+    why: str
+
+
+def judge(val: Comparison, pool: Comparison, *, max_drop_pp: float, significance: float,
+          min_pool_agreement: float) -> Verdict:
+    """Is the validation drop real (see the module docstring)? `why` says in one line."""
+    drop, b, c = val.accuracy_drop_pp, val.fp32_right_int8_wrong, val.int8_right_fp32_wrong
+    if drop <= max_drop_pp:
+        return Verdict(False, f"validation drop {drop:.2f} pp <= {max_drop_pp} pp")
+    flips = f"{b} FP32-right -> INT8-wrong vs {c} back of {val.samples} validation images"
+    if val.mcnemar_p >= significance:
+        return Verdict(False, f"validation drop {drop:.2f} pp is noise: {flips}, McNemar p = "
+                              f"{val.mcnemar_p:.3g} >= significance {significance}")
+    if pool.agreement >= min_pool_agreement:
+        return Verdict(False, f"validation drop {drop:.2f} pp ({flips}), but agreement with FP32 "
+                              f"on {pool.samples} pool images is {pool.agreement:.2%} >= "
+                              f"min_pool_agreement {min_pool_agreement:.2%}")
+    return Verdict(True, f"validation drop {drop:.2f} pp: {flips} (McNemar p = "
+                         f"{val.mcnemar_p:.3g} < {significance}), agreement with FP32 on "
+                         f"{pool.samples} pool images {pool.agreement:.2%} < {min_pool_agreement:.2%}")
+
+
+def pool_indices(n: int, exclude: np.ndarray, size: int = POOL_SIZE) -> np.ndarray:
+    """Up to `size` indices of range(n) not in `exclude`, evenly spaced (so a split stored class
+    by class still gives every class its share), deterministic."""
+    rest = np.setdiff1d(np.arange(n), exclude)
+    if len(rest) <= size:
+        return rest
+    return rest[np.linspace(0, len(rest) - 1, size).round().astype(int)]
+
+
+def one_image_pp(samples: int) -> float:
+    """What one image is worth in accuracy points on a split of `samples` images."""
+    return 100.0 / max(samples, 1)
