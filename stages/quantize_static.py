@@ -41,14 +41,14 @@ def main() -> None:
     pool_x = data.normalize(train_x[criterion.pool_indices(
         len(train_x), data.load_calibration_index(CALIBRATION))], prepared_info)
     warnings = quant.slow_combination_warnings(p)
-    one_image = criterion.one_image_pp(len(val.y))
-    if one_image > p.max_accuracy_drop_pp:
-        warnings.append(f"one of the {len(val.y)} validation images is worth {one_image:.2f} pp, more "
-                        f"than max_accuracy_drop_pp = {p.max_accuracy_drop_pp}: the drop alone cannot "
-                        "tell noise from loss (McNemar's test and the pool decide); raise "
-                        "prepare.val_fraction for a finer criterion")
     for w in warnings:
         logging.warning("quantize_static: %s", w)
+    one_image = criterion.one_image_pp(len(val.y))
+    if one_image > p.max_accuracy_drop_pp:
+        logging.warning("quantize_static: one of the %d validation images is worth %.2f pp, more "
+                        "than max_accuracy_drop_pp = %s: the drop alone cannot tell noise from "
+                        "loss (McNemar's test and the pool decide); raise prepare.val_fraction for "
+                        "a finer criterion", len(val.y), one_image, p.max_accuracy_drop_pp)
 
     def predict(model_path: Path, x: np.ndarray) -> np.ndarray:  # (N,) top-1 classes
         return onnxutil.run_batched(onnxutil.make_session(model_path, level=level), x).argmax(1)
@@ -79,6 +79,7 @@ def main() -> None:
             "calib_samples": result.calib_samples_used, "nodes_excluded": list(p.nodes_to_exclude),
             "fallback_nodes": result.fallback_nodes, "fallback_steps": result.steps,
             "fp32_val_accuracy": round(fp32_val_accuracy, 6),
+            "val_image_pp": round(one_image, 4),  # what one validation image is worth
             "val_accuracy": last["val_accuracy"],
             "val_accuracy_drop_pp": result.accuracy_drop_pp,
             # What the decision rests on (the last step): flips and agreement, val and pool.

@@ -643,3 +643,17 @@ def test_no_stage_command_is_built_from_param_strings():
             else:
                 assert interpolated == [], (name, cmd)
             assert re.fullmatch(r"python stages/\w+\.py( \$\{item\})?", cmd), (name, cmd)
+
+
+def test_quantize_static_says_when_one_validation_image_outweighs_the_limit(workspace):
+    """500 validation images: one is worth 0.2 pp, more than a 0.1 pp limit. The stage warns with
+    the fix and records what its verdict rests on."""
+    set_params(workspace, {"quantize_static": {"max_accuracy_drop_pp": 0.1}})
+    result = run_script(workspace, "quantize_static")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert ("one of the 500 validation images is worth 0.20 pp, more than max_accuracy_drop_pp = "
+            "0.1") in result.stderr and "raise prepare.val_fraction" in result.stderr
+    q = json.loads((workspace / "metrics/quantize_static.json").read_text())
+    assert q["val_image_pp"] == 0.2 and q["val"]["samples"] == 500
+    assert q["pool"]["samples"] == min(2000, 3500 - TINY_PARAMS["prepare"]["calib_size"])
+    assert isinstance(q["real_drop"], bool) and q["verdict"].startswith("validation drop")
