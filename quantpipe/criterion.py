@@ -83,10 +83,10 @@ def judge(val: Comparison, pool: Comparison, *, max_drop_pp: float, significance
                          f"{pool.samples} pool images {pool.agreement:.2%} < {min_pool_agreement:.2%}")
 
 
-def pool_indices(n: int, exclude: np.ndarray, size: int = POOL_SIZE) -> np.ndarray:
+def pool_indices(n: int, exclude: np.ndarray | None = None, size: int = POOL_SIZE) -> np.ndarray:
     """Up to `size` indices of range(n) not in `exclude`, evenly spaced (so a split stored class
     by class still gives every class its share), deterministic."""
-    rest = np.setdiff1d(np.arange(n), exclude)
+    rest = np.arange(n) if exclude is None else np.setdiff1d(np.arange(n), exclude)
     if len(rest) <= size:
         return rest
     return rest[np.linspace(0, len(rest) - 1, size).round().astype(int)]

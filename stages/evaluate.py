@@ -4,8 +4,6 @@ error vs FP32, per-class accuracy, a confusion matrix, graph facts and edge-inpu
 import sys
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from quantpipe import criterion, data, evaluate, onnxutil  # noqa: E402
@@ -48,8 +46,7 @@ def main() -> None:
         raise UserError(f"{path}: edge check {failed[0].name} failed: {failed[0].detail}{others}")
     # Agreement on a larger pool that needs no labels: train images, evenly spaced.
     train_x = data.load_split(PREPARED, "train").x
-    pool_x = data.normalize(train_x[criterion.pool_indices(len(train_x), exclude=np.array([], int))],
-                            info)
+    pool_x = data.normalize(train_x[criterion.pool_indices(len(train_x))], info)
     pool_pred = onnxutil.run_batched(session, pool_x, p.batch_size).argmax(1)
     pool_ref = pool_pred if variant == "fp32" else \
         onnxutil.run_batched(fp32_session, pool_x, p.batch_size).argmax(1)

@@ -50,16 +50,19 @@ def main() -> None:
                         "loss (McNemar's test and the pool decide); raise prepare.val_fraction for "
                         "a finer criterion", len(val.y), one_image, p.max_accuracy_drop_pp)
 
-    def predict(model_path: Path, x: np.ndarray) -> np.ndarray:  # (N,) top-1 classes
-        return onnxutil.run_batched(onnxutil.make_session(model_path, level=level), x).argmax(1)
+    def predict(model_path: Path) -> tuple[np.ndarray, np.ndarray]:
+        """(N,) top-1 classes on val and on the pool, from one session."""
+        session = onnxutil.make_session(model_path, level=level)
+        return tuple(onnxutil.run_batched(session, x).argmax(1) for x in (val_x, pool_x))
 
-    ref_val, ref_pool = predict(FP32, val_x), predict(FP32, pool_x)
+    ref_val, ref_pool = predict(FP32)
     fp32_val_accuracy = float((ref_val == val.y).mean())
 
     def check(model_path: Path) -> dict:
         """One fallback step: the candidate against FP32 on val and pool, and the verdict."""
-        val_cmp = criterion.compare(predict(model_path, val_x), ref_val, val.y)
-        pool_cmp = criterion.compare(predict(model_path, pool_x), ref_pool)
+        pred_val, pred_pool = predict(model_path)
+        val_cmp = criterion.compare(pred_val, ref_val, val.y)
+        pool_cmp = criterion.compare(pred_pool, ref_pool)
         verdict = criterion.judge(val_cmp, pool_cmp, max_drop_pp=p.max_accuracy_drop_pp,
                                   significance=p.significance,
                                   min_pool_agreement=p.min_pool_agreement)
