@@ -83,6 +83,25 @@ def judge(val: Comparison, pool: Comparison, *, max_drop_pp: float, significance
                          f"{pool.samples} pool images {pool.agreement:.2%} < {min_pool_agreement:.2%}")
 
 
+@dataclass(frozen=True)
+class Judged:
+    """A candidate model judged against FP32: what the fallback records and decides on."""
+    # JSON-able: val_accuracy, accuracy_drop_pp, val/pool comparisons, real_drop, verdict.
+    record: dict
+    # Top-1 classes on every judged image (val, then pool): did a change move any prediction?
+    predictions: np.ndarray
+
+    @property
+    def real(self) -> bool:
+        return bool(self.record["real_drop"])
+
+    def score(self) -> tuple:
+        """Larger is better: a drop that is not real, then agreement with FP32 on the pool (the
+        largest sample), then the validation drop."""
+        pool = self.record.get("pool", {}).get("agreement", 0.0)
+        return (not self.real, pool, -self.record["accuracy_drop_pp"])
+
+
 def pool_indices(n: int, exclude: np.ndarray | None = None, size: int = POOL_SIZE) -> np.ndarray:
     """Up to `size` indices of range(n) not in `exclude`, evenly spaced (so a split stored class
     by class still gives every class its share), deterministic."""

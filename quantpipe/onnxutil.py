@@ -171,3 +171,38 @@ def import_onnx(path: Path, input_shape: tuple[int, int, int], num_classes: int,
         raise UserError(f"{path}: produces NaN/Inf on the test images")
     return model, {"source": str(path), "batch_max_abs_diff": max_abs_diff(batched[:8], single),
                    "samples": len(x), "size_bytes": len(blob), "nodes": len(model.graph.node)}
+
+
+def with_outlier_channel(model: onnx.ModelProto, scale: float, channel: int = 0) -> onnx.ModelProto:
+    """The same function with one outlier activation channel: a PTQ-hard twin of a model.
+
+    Output channel `channel` of the first Conv (weights and bias) is multiplied by `scale` and
+    the matching input channel of the Conv that reads it (through a Relu) divided by it: Relu is
+    positively homogeneous, so FP32 outputs stay the same up to rounding, but one per-tensor
+    activation range now spans `scale` times the others' values, which INT8 then crushes. Real
+    models get such channels from training (LayerNorm/BatchNorm folding, outlier features).
+    """
+    if scale <= 0:
+        raise ValueError("scale must be > 0 (Relu commutes only with positive factors)")
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    nodes = list(out.graph.node)
+    consumers = {i: n for n in nodes for i in n.input}
+    first = next((n for n in nodes if n.op_type == "Conv"), None)
+    relu = consumers.get(first.output[0]) if first is not None else None
+    second = consumers.get(relu.output[0]) if relu is not None and relu.op_type == "Relu" else None
+    groups = {a.name: a.i for a in second.attribute} if second is not None else {}
+    if second is None or second.op_type != "Conv" or groups.get("group", 1) != 1:
+        raise UserError("with_outlier_channel: needs a model that starts Conv -> Relu -> Conv")
+    inits = {i.name: i for i in out.graph.initializer}
+
+    def rescale(name: str, index: tuple, factor: float) -> None:
+        array = onnx.numpy_helper.to_array(inits[name]).copy()
+        array[index] *= factor
+        inits[name].CopyFrom(onnx.numpy_helper.from_array(array, name))
+
+    rescale(first.input[1], (channel,), scale)
+    if len(first.input) > 2 and first.input[2]:
+        rescale(first.input[2], (channel,), scale)
+    rescale(second.input[1], (slice(None), channel), 1.0 / scale)
+    return out

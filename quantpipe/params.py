@@ -7,6 +7,7 @@ the key, the bad value and what is allowed, so a user can fix params.yaml from o
 from __future__ import annotations
 
 import dataclasses
+import enum
 import types
 import typing
 from dataclasses import dataclass, field
@@ -126,8 +127,52 @@ STATIC_EXTRA_OPTIONS = (
     "CalibMovingAverageConstant", "CalibMaxIntermediateOutputs", "CalibPercentile")
 
 
+class Engine(enum.Enum):
+    """Who quantizes models/static.onnx: ORT's quantize_static, or NNCF's ONNX PTQ."""
+    onnxruntime = "onnxruntime"
+    nncf = "nncf"
+
+
+# NNCF's own enums, by value (nncf.QuantizationPreset, nncf.ModelType): params are read by every
+# stage and importing nncf costs ~2 s, so quantpipe.nncf_engine maps these when it runs.
+class NNCFPreset(enum.Enum):
+    performance = "performance"  # symmetric weights and activations
+    mixed = "mixed"  # symmetric weights, asymmetric activations
+
+
+class BiasCorrection(enum.Enum):
+    fast = "fast"  # NNCF's FastBiasCorrection: one pass, little memory
+    full = "full"  # BiasCorrection: layer by layer, slower, in general more accurate
+    none = "none"
+
+
+class NNCFModelType(enum.Enum):
+    transformer = "transformer"  # adds transformer patterns and SmoothQuant
+
+
+@dataclass(frozen=True)
+class NNCFParams:
+    """quantize_static with engine: nncf (NNCF's defaults; nodes_to_exclude is its ignored scope)."""
+    preset: NNCFPreset = NNCFPreset.performance
+    bias_correction: BiasCorrection = BiasCorrection.fast
+    # Calibration samples NNCF collects statistics on; null: the whole calibration set.
+    subset_size: int | None = None
+    model_type: NNCFModelType | None = None
+    # SmoothQuant's alpha for MatMul (model_type: transformer only); null: NNCF's default,
+    # a negative number switches SmoothQuant off.
+    smooth_quant_alpha: float | None = None
+
+    def __post_init__(self) -> None:
+        _check(self.subset_size is None or self.subset_size >= 1, "quantize_static.nncf.subset_size",
+               self.subset_size, "an integer >= 1 or null (every calibration sample)")
+        _check(self.smooth_quant_alpha is None or self.smooth_quant_alpha <= 1,
+               "quantize_static.nncf.smooth_quant_alpha", self.smooth_quant_alpha,
+               "a number in [0, 1], negative to disable, or null")
+
+
 @dataclass(frozen=True)
 class QuantizeStaticParams:
+    engine: Engine = Engine.onnxruntime
     # QDQ + U8 activations + S8 weights, per channel: the fast path on x86 (DESIGN.md §3).
     quant_format: QuantFormat = QuantFormat.QDQ
     activation_type: QuantType = QuantType.QUInt8
@@ -160,6 +205,10 @@ class QuantizeStaticParams:
     # At 99.5% agreement with FP32 no accuracy can move by more than 0.5 pp.
     min_pool_agreement: float = 0.995
     max_fallback_steps: int = 3
+    # onnxruntime engine: per fallback step, the top candidates by SQNR that are each tried;
+    # the one that regains most is kept (the SQNR ranking alone is often wrong).
+    fallback_candidates: int = 3
+    nncf: NNCFParams = field(default_factory=NNCFParams)
     # true: a model still over the drop after the fallback is kept (with a warning).
     allow_accuracy_drop: bool = False
 
@@ -178,6 +227,8 @@ class QuantizeStaticParams:
                self.min_pool_agreement, "a share in (0, 1], e.g. 0.995")
         _check(self.max_fallback_steps >= 0, "quantize_static.max_fallback_steps",
                self.max_fallback_steps, "an integer >= 0")
+        _check(self.fallback_candidates >= 1, "quantize_static.fallback_candidates",
+               self.fallback_candidates, "an integer >= 1")
         _check(self.calib_batch_size >= 1, "quantize_static.calib_batch_size",
                self.calib_batch_size, "an integer >= 1")
         for key in self.extra_options:

@@ -6,6 +6,9 @@ per-channel, after quant_pre_process; dynamic quantization of MatMul/Gemm only.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import io
 import logging
 import os
 import tempfile
@@ -19,6 +22,7 @@ from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, 
                                       QuantType, quant_pre_process, quantize_dynamic,
                                       quantize_static)
 
+from quantpipe.criterion import Judged
 from quantpipe.data import DataInfo, normalize
 from quantpipe.errors import UserError
 from quantpipe.params import QuantizeDynamicParams, QuantizeStaticParams
@@ -281,28 +285,164 @@ def fallback_order(table: list[dict], already: list[str]) -> list[str]:
     return list(dict.fromkeys(r["node"] for r in rows if r["node"] not in already))
 
 
+# Compute ops whose weights ORT and NNCF quantize: "nodes in float" counts these.
+COMPUTE_OPS = {"Conv", "ConvTranspose", "Gemm", "MatMul"}
+
+
+def float_compute_nodes(model: onnx.ModelProto) -> list[str]:
+    """Conv/Gemm/MatMul nodes of a quantized model whose weight does not come through
+    DequantizeLinear, i.e. that still run in float (either engine's QDQ output)."""
+    producers = {out: node for node in model.graph.node for out in node.output}
+    initializers = {i.name for i in model.graph.initializer}
+
+    def quantized(name: str) -> bool:
+        node = producers.get(name)
+        return node is not None and node.op_type == "DequantizeLinear"
+
+    return [n.name for n in model.graph.node if n.op_type in COMPUTE_OPS and len(n.input) > 1
+            and (n.input[1] in initializers or n.input[1] in producers) and not quantized(n.input[1])]
+
+
+def with_consumers(model: onnx.ModelProto, name: str) -> list[str]:
+    """`name` and the nodes that read its output (through PASSTHROUGH_OPS). ORT quantizes a
+    tensor while any of its producer or consumers is quantized, so an activation whose own
+    range is the trouble stays in float only when all of them do."""
+    nodes = {n.name: n for n in model.graph.node}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for i in node.input:
+            readers.setdefault(i, []).append(node)
+    group, frontier = [name], list(nodes[name].output)
+    while frontier:
+        for node in readers.get(frontier.pop(), []):
+            if node.op_type in PASSTHROUGH_OPS:
+                frontier.extend(node.output)
+            elif node.name not in group:
+                group.append(node.name)
+    return group
+
+
+def first_and_last(model: onnx.ModelProto, op_types: tuple[str, ...]) -> list[str]:
+    """The first and last compute nodes ORT would quantize, in graph (topological) order."""
+    kinds = set(op_types) & COMPUTE_OPS if op_types else COMPUTE_OPS
+    nodes = [n.name for n in model.graph.node if n.op_type in kinds and n.name]
+    return list(dict.fromkeys(nodes[:1] + nodes[-1:]))
+
+
+def collect_outputs(pre_path: Path, reader: CalibrationReader, p: QuantizeStaticParams,
+                    workdir: Path) -> dict[str, list[np.ndarray]]:
+    """Every tensor ORT calibrates, per calibration batch: one inference pass, from which each
+    calibration method's ranges are computed (cached_ranges) without running the model again."""
+    from onnxruntime.quantization.calibrate import create_calibrator
+
+    calibrator = create_calibrator(pre_path, list(p.op_types_to_quantize) or None,
+                                   augmented_model_path=str(workdir / "augmented_all.onnx"),
+                                   calibrate_method=CalibrationMethod.Entropy)
+    session = calibrator.infer_session
+    names = [o.name for o in session.get_outputs()]
+    outputs: dict[str, list[np.ndarray]] = {}
+    reader.rewind()
+    while (batch := reader.get_next()) is not None:
+        for name, value in zip(names, session.run(None, batch)):
+            if name in calibrator.tensors_to_calibrate:
+                outputs.setdefault(name, []).append(value)
+    return outputs
+
+
+def cached_ranges(outputs: dict[str, list[np.ndarray]], method: CalibrationMethod,
+                  p: QuantizeStaticParams, path: Path) -> Path:
+    """Ranges by `method` from collect_outputs' tensors, saved as a calibration cache at `path`
+    (ORT's own collectors: MinMax's min/max, Entropy's and Percentile's histograms)."""
+    from onnxruntime.quantization.calibrate import (HistogramCollector, TensorsData,
+                                                    save_tensors_data)
+
+    # create_calibrator's defaults: only Percentile is symmetric unless the user says.
+    symmetric = bool(p.extra_options.get("CalibTensorRangeSymmetric",
+                                         method == CalibrationMethod.Percentile))
+    if method == CalibrationMethod.MinMax:
+        ranges = {}
+        for name, batches in outputs.items():
+            low = np.float32(min(b.min() for b in batches))
+            high = np.float32(max(b.max() for b in batches))
+            if symmetric:
+                low, high = -max(-low, high), max(-low, high)
+            ranges[name] = (np.array(low), np.array(high))
+        data = TensorsData(method, ranges)
+    else:
+        collector = HistogramCollector(
+            method=method.name.lower(), symmetric=symmetric, num_bins=p.calib_num_bins,
+            num_quantized_bins=p.calib_num_quantized_bins,
+            percentile=p.extra_options.get("CalibPercentile", 99.999), scenario="same")
+        with contextlib.redirect_stdout(io.StringIO()):  # ORT prints its progress
+            collector.collect(outputs)
+            data = TensorsData(method, collector.compute_collection_result())
+    save_tensors_data(data, path)
+    return path
+
+
+@dataclass
+class Attempt:
+    """One quantization the ladder tried: how it was made, the model and its judgement."""
+    rung: str
+    method: CalibrationMethod
+    cache: Path
+    nodes: list[str]
+    path: Path
+    judged: Judged
+    record: dict  # the step as metrics/quantize_static.json lists it
+
+
 @dataclass
 class StaticResult:
-    steps: list[dict]  # one per quantization: nodes left in float so far, and check()'s result
-    fallback_nodes: list[str]
+    engine: str
+    # One per quantization tried: the rung, calibration method, nodes in float and the verdict;
+    # "kept" marks the ones the ladder built on. The last kept step is the written model.
+    steps: list[dict]
+    fallback_nodes: list[str]  # nodes the fallback left in float (beyond nodes_to_exclude)
+    nodes_in_float: list[str]  # every Conv/Gemm/MatMul of the written model still in float
+    calibrate_method: str  # the calibration the written model uses
     sensitivity: list[dict]
     calib_samples_used: int
-    symbolic_shape_inference: bool
+    symbolic_shape_inference: bool | None
+
+    @property
+    def final(self) -> dict:
+        return [s for s in self.steps if s["kept"]][-1]
 
     @property
     def accuracy_drop_pp(self) -> float:
-        return self.steps[-1]["accuracy_drop_pp"]
+        return self.final["accuracy_drop_pp"]
+
+    def tried(self) -> str:
+        """What the fallback tried, for the failure message."""
+        parts = []
+        for s in self.steps[1:]:
+            what = {"calibration": f"calibrate_method {s['calibrate_method']}",
+                    "first_last": f"first/last layers {s['nodes_in_float']} in float",
+                    "node": f"{s.get('candidate')} in float",
+                    "prune": f"first/last layers back to INT8 ({s['nodes_in_float']} in float)",
+                    "accuracy_control": "nncf.quantize_with_accuracy_control "
+                                        f"({len(s['nodes_in_float'])} nodes in float)"}[s["rung"]]
+            parts.append(f"{what}: drop {s['accuracy_drop_pp']:.2f} pp")
+        return "; ".join(parts) or "nothing (max_fallback_steps = 0)"
 
 
 def quantize_static_with_fallback(fp32_path: Path, out_path: Path, calib_x: np.ndarray,
                                   info: DataInfo, p: QuantizeStaticParams,
-                                  check: Callable[[Path], dict]) -> StaticResult:
-    """quant_pre_process, calibrate and quantize; then, while check(model) says its accuracy
-    drop is real ("real_drop"; see quantpipe.criterion), leave the node that adds the most
-    quantization noise (see sensitivity) in float and quantize again, at most
-    p.max_fallback_steps times. All quantizations share one calibration. Writes the last model.
-
-    check(path) -> {"val_accuracy", "accuracy_drop_pp", "real_drop": bool, ...}: one step."""
+                                  check: Callable[[Path], Judged]) -> StaticResult:
+    """quant_pre_process, calibrate and quantize (ORT); then, while check(model) says the
+    accuracy drop is real (quantpipe.criterion), climb the recovery ladder, keeping a change
+    only when it judges better (Judged.score):
+    1. the other calibration methods, their ranges computed from one pass over the calibration
+       set (collect_outputs);
+    2. the first and last quantized layers in float (the usual suspects: raw pixels in, logits
+       out);
+    3. per node, up to p.max_fallback_steps times: the p.fallback_candidates nodes that add the
+       most quantization noise (SQNR, see sensitivity) are each tried, alone and with the
+       nodes that read their output (with_consumers), and the one that regains most is kept; it stops when none of them changes a single prediction or regains any;
+    4. if a node of rung 3 met the criterion, the layers of rung 2 go back to INT8 when the
+       criterion still holds without them.
+    Rungs 1-2 run only when max_fallback_steps > 0. Writes the kept model to out_path."""
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         pre = workdir / "preprocessed.onnx"
@@ -317,8 +457,6 @@ def quantize_static_with_fallback(fp32_path: Path, out_path: Path, calib_x: np.n
         excluded = list(p.nodes_to_exclude)
         cache = workdir / "calibration.json"
         calibrate(pre, reader, p, extra, cache)
-        candidate = workdir / "quantized.onnx"
-        quantize_once(pre, candidate, reader, p, excluded, extra, cache)
         # SQNR is read from a QDQ twin that keeps Relu/Clip: with them removed (ORT's default),
         # a tensor's pre-QDQ values would be the unclipped ones and its error meaningless.
         twin = workdir / "qdq_twin.onnx"
@@ -326,18 +464,84 @@ def quantize_static_with_fallback(fp32_path: Path, out_path: Path, calib_x: np.n
                       cache, quant_format=QuantFormat.QDQ)
         table = sensitivity(pre, twin, probe, workdir)
 
-        steps = [{"nodes_in_float": list(excluded), **check(candidate)}]
-        ranked = fallback_order(table, excluded)
-        fallback: list[str] = []
-        while steps[-1]["real_drop"] and ranked and len(fallback) < p.max_fallback_steps:
-            fallback.append(ranked.pop(0))
-            log.warning("quantize_static: %s; leaving %s in float",
-                        steps[-1].get("verdict", "accuracy drop"), fallback[-1])
-            quantize_once(pre, candidate, reader, p, excluded + fallback, extra, cache)
-            steps.append({"nodes_in_float": excluded + fallback, **check(candidate)})
-        os.replace(candidate, out_path)
-    return StaticResult(steps=steps, fallback_nodes=fallback, sensitivity=table,
-                        calib_samples_used=n_calib, symbolic_shape_inference=symbolic)
+        steps: list[dict] = []
+
+        def attempt(rung: str, method: CalibrationMethod, cache: Path, nodes: list[str],
+                    **about) -> Attempt:
+            path = workdir / f"candidate{len(steps)}.onnx"
+            quantize_once(pre, path, reader, dataclasses.replace(p, calibrate_method=method),
+                          nodes, extra, cache)
+            judged = check(path)
+            record = {"rung": rung, "calibrate_method": method.name, "nodes_in_float": list(nodes),
+                      **about, **judged.record, "kept": False}
+            steps.append(record)
+            return Attempt(rung, method, cache, list(nodes), path, judged, record)
+
+        def keep(best: Attempt, tried: list[Attempt]) -> Attempt:
+            """The tried attempt that judges best, if it beats `best`; else `best`."""
+            winner = max(tried, key=lambda a: a.judged.score())
+            if winner.judged.score() <= best.judged.score():
+                return best
+            winner.record["kept"] = True
+            return winner
+
+        best = attempt("plain", p.calibrate_method, cache, excluded)
+        best.record["kept"] = True
+        climb = p.max_fallback_steps > 0
+        if climb and best.judged.real:
+            log.warning("quantize_static: %s; trying other calibration methods", best.record["verdict"])
+            n_hist, _ = calibration_plan(pre_model, dataclasses.replace(
+                p, calibrate_method=CalibrationMethod.Entropy), n_calib)
+            outputs = collect_outputs(pre, CalibrationReader(calib_x[:n_hist], info, input_name,
+                                                             p.calib_batch_size), p, workdir)
+            tried = [attempt("calibration", m, cached_ranges(outputs, m, p, workdir / f"{m.name}.json"),
+                             best.nodes)
+                     for m in CalibrationMethod if m != p.calibrate_method and m.name in
+                     ("MinMax", "Entropy", "Percentile")]
+            del outputs
+            best = keep(best, tried)
+        ends = [n for n in first_and_last(pre_model, p.op_types_to_quantize) if n not in best.nodes]
+        if climb and best.judged.real and ends:
+            log.warning("quantize_static: %s; trying the first and last layers %s in float",
+                        best.record["verdict"], ends)
+            best = keep(best, [attempt("first_last", best.method, best.cache, best.nodes + ends)])
+        ranked = fallback_order(table, best.nodes)
+        for _ in range(p.max_fallback_steps):
+            if not best.judged.real or not ranked:
+                break
+            # Each of the top nodes alone (its weights or arithmetic are the trouble), then with
+            # its readers (its output range is): whichever regains most is kept.
+            top = [n for n in ranked if n not in best.nodes][:p.fallback_candidates]
+            groups = [[n] for n in top] + [g for n in top
+                                           if len(g := with_consumers(pre_model, n)) > 1]
+            candidates = list({tuple(n for n in g if n not in best.nodes): None for g in groups})
+            log.warning("quantize_static: %s; trying %s in float", best.record["verdict"],
+                        [list(c) for c in candidates])
+            tried = [attempt("node", best.method, best.cache, best.nodes + list(c),
+                             candidate=list(c)) for c in candidates]
+            if all(np.array_equal(a.judged.predictions, best.judged.predictions) for a in tried):
+                log.warning("quantize_static: none of %s changes a prediction; stopping", top)
+                break
+            before, best = best, keep(best, tried)
+            if best is before:
+                log.warning("quantize_static: none of %s regains accuracy; stopping", top)
+                break
+            ranked = [n for n in ranked if n not in best.nodes]
+        if not best.judged.real and ends and set(ends) <= set(best.nodes) and \
+                len(best.nodes) > len(excluded) + len(ends):
+            # A node found later may be what regained the accuracy: the first and last layers
+            # go back to INT8 (faster) if the criterion holds without them.
+            lean = attempt("prune", best.method, best.cache, [n for n in best.nodes if n not in ends])
+            if not lean.judged.real:
+                lean.record["kept"] = True
+                best = lean
+        os.replace(best.path, out_path)
+        in_float = float_compute_nodes(onnx.load(str(out_path)))
+    return StaticResult(engine="onnxruntime", steps=steps,
+                        fallback_nodes=[n for n in best.nodes if n not in excluded],
+                        nodes_in_float=in_float, calibrate_method=best.method.name,
+                        sensitivity=table, calib_samples_used=n_calib,
+                        symbolic_shape_inference=symbolic)
 
 
 def quantize_dynamic_model(model_path: Path, out_path: Path, p: QuantizeDynamicParams) -> dict:

@@ -1,9 +1,10 @@
 """quantize_static: models/fp32.onnx + data/calibration -> models/static.onnx (INT8, calibrated).
 
-With the accuracy-aware fallback: while the accuracy drop is real (quantpipe.criterion: over
-quantize_static.max_accuracy_drop_pp on the validation split, lopsided flips by McNemar's test,
-and below min_pool_agreement on the train images that did not calibrate), nodes are left in
-float, most sensitive first.
+quantize_static.engine picks who quantizes: ONNX Runtime (quantpipe.quant) or NNCF
+(quantpipe.nncf_engine); both write a QDQ model. While the accuracy drop is real
+(quantpipe.criterion: over max_accuracy_drop_pp on the validation split, lopsided flips by
+McNemar's test, and below min_pool_agreement on the train images that did not calibrate), the
+engine's fallback runs: ORT's recovery ladder, or nncf.quantize_with_accuracy_control.
 """
 
 import logging
@@ -16,6 +17,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from quantpipe import criterion, data, onnxutil, quant  # noqa: E402
+from quantpipe.params import Engine  # noqa: E402
 from quantpipe.errors import UserError  # noqa: E402
 from quantpipe.io import atomic_path, run_stage, write_json  # noqa: E402
 from quantpipe.params import load_params  # noqa: E402
@@ -40,7 +42,8 @@ def main() -> None:
     train_x = data.load_split(PREPARED, "train").x
     pool_x = data.normalize(train_x[criterion.pool_indices(
         len(train_x), data.load_calibration_index(CALIBRATION))], prepared_info)
-    warnings = quant.slow_combination_warnings(p)
+    # The ORT settings NNCF ignores (it picks its own types for the x86 kernels).
+    warnings = quant.slow_combination_warnings(p) if p.engine == Engine.onnxruntime else []
     for w in warnings:
         logging.warning("quantize_static: %s", w)
     one_image = criterion.one_image_pp(len(val.y))
@@ -50,42 +53,57 @@ def main() -> None:
                         "loss (McNemar's test and the pool decide); raise prepare.val_fraction for "
                         "a finer criterion", len(val.y), one_image, p.max_accuracy_drop_pp)
 
-    def predict(model_path: Path) -> tuple[np.ndarray, np.ndarray]:
-        """(N,) top-1 classes on val and on the pool, from one session."""
-        session = onnxutil.make_session(model_path, level=level)
-        return tuple(onnxutil.run_batched(session, x).argmax(1) for x in (val_x, pool_x))
+    def predict(model: Path | bytes, *images: np.ndarray) -> list[np.ndarray]:
+        """(N,) top-1 classes on each of `images`, from one session."""
+        session = onnxutil.make_session(model, level=level)
+        return [onnxutil.run_batched(session, x).argmax(1) for x in images]
 
-    ref_val, ref_pool = predict(FP32)
+    ref_val, ref_pool = predict(FP32, val_x, pool_x)
     fp32_val_accuracy = float((ref_val == val.y).mean())
 
-    def check(model_path: Path) -> dict:
-        """One fallback step: the candidate against FP32 on val and pool, and the verdict."""
-        pred_val, pred_pool = predict(model_path)
+    def check(model_path: Path) -> criterion.Judged:
+        """One candidate against FP32 on val and pool, and the verdict."""
+        pred_val, pred_pool = predict(model_path, val_x, pool_x)
         val_cmp = criterion.compare(pred_val, ref_val, val.y)
         pool_cmp = criterion.compare(pred_pool, ref_pool)
         verdict = criterion.judge(val_cmp, pool_cmp, max_drop_pp=p.max_accuracy_drop_pp,
                                   significance=p.significance,
                                   min_pool_agreement=p.min_pool_agreement)
-        return {"val_accuracy": round(fp32_val_accuracy - val_cmp.accuracy_drop_pp / 100, 6),
-                "accuracy_drop_pp": val_cmp.accuracy_drop_pp, "val": val_cmp.as_dict(),
-                "pool": pool_cmp.as_dict(), "real_drop": verdict.real, "verdict": verdict.why}
+        record = {"val_accuracy": round(fp32_val_accuracy - val_cmp.accuracy_drop_pp / 100, 6),
+                  "accuracy_drop_pp": val_cmp.accuracy_drop_pp, "val": val_cmp.as_dict(),
+                  "pool": pool_cmp.as_dict(), "real_drop": verdict.real, "verdict": verdict.why}
+        return criterion.Judged(record, np.concatenate([pred_val, pred_pool]))
 
     start = time.perf_counter()
     with atomic_path(STATIC) as tmp:
-        result = quant.quantize_static_with_fallback(FP32, tmp, calib.x, info, p, check)
+        if p.engine == Engine.nncf:
+            from quantpipe import nncf_engine
+
+            result = nncf_engine.quantize_static_nncf(
+                FP32, tmp, calib.x, info, p, check, pool_x, ref_pool,
+                lambda model, x: predict(model.SerializeToString(), x)[0])
+            settings = {"preset": p.nncf.preset.value, "bias_correction": p.nncf.bias_correction.value,
+                        "subset_size": result.calib_samples_used,
+                        "model_type": p.nncf.model_type.value if p.nncf.model_type else None,
+                        "smooth_quant_alpha": p.nncf.smooth_quant_alpha}
+        else:
+            result = quant.quantize_static_with_fallback(FP32, tmp, calib.x, info, p, check)
+            settings = {"quant_format": p.quant_format.name, "activation_type": p.activation_type.name,
+                        "weight_type": p.weight_type.name, "per_channel": p.per_channel,
+                        "reduce_range": p.reduce_range, "calibrate_method": result.calibrate_method,
+                        "calib_samples": result.calib_samples_used}
         static = onnxutil.load_model(tmp)  # onnx.checker on what we are about to publish
-        last = result.steps[-1]
+        last = result.final
         metrics = {
-            "quant_format": p.quant_format.name, "activation_type": p.activation_type.name,
-            "weight_type": p.weight_type.name, "per_channel": p.per_channel,
-            "reduce_range": p.reduce_range, "calibrate_method": p.calibrate_method.name,
-            "calib_samples": result.calib_samples_used, "nodes_excluded": list(p.nodes_to_exclude),
-            "fallback_nodes": result.fallback_nodes, "fallback_steps": result.steps,
+            "engine": result.engine, **settings,
+            "nodes_excluded": list(p.nodes_to_exclude),
+            "fallback_nodes": result.fallback_nodes, "nodes_in_float": result.nodes_in_float,
+            "fallback_steps": result.steps,
             "fp32_val_accuracy": round(fp32_val_accuracy, 6),
             "val_image_pp": round(one_image, 4),  # what one validation image is worth
             "val_accuracy": last["val_accuracy"],
             "val_accuracy_drop_pp": result.accuracy_drop_pp,
-            # What the decision rests on (the last step): flips and agreement, val and pool.
+            # What the decision rests on (the kept model): flips and agreement, val and pool.
             "val": last["val"], "pool": last["pool"], "real_drop": last["real_drop"],
             "verdict": last["verdict"],
             "slow_combination_warnings": warnings,
@@ -98,17 +116,17 @@ def main() -> None:
         write_json("metrics/quantize_static.json", metrics)
         write_json("metrics/plots/sensitivity.json", result.sensitivity)
         if last["real_drop"]:
+            other = "nncf" if p.engine == Engine.onnxruntime else "onnxruntime"
             message = (f"{STATIC}: {last['verdict']} (quantize_static.max_accuracy_drop_pp = "
-                       f"{p.max_accuracy_drop_pp}) even with {result.fallback_nodes or 'no'} nodes "
-                       "in float; raise max_fallback_steps, try calibrate_method Entropy/Percentile, "
-                       "or set allow_accuracy_drop: true")
+                       f"{p.max_accuracy_drop_pp}); tried {result.tried()}; raise "
+                       f"max_fallback_steps, try engine: {other}, or set allow_accuracy_drop: true")
             if not p.allow_accuracy_drop:
                 raise UserError(message)
             logging.warning("quantize_static: %s", message)
-    print(f"quantize_static: {p.quant_format.name} {p.activation_type.name}/{p.weight_type.name}, "
-          f"{p.calibrate_method.name} on {result.calib_samples_used} samples, val drop "
+    print(f"quantize_static: {result.engine}, {result.calibrate_method} on {result.calib_samples_used} "
+          f"samples, val drop "
           f"{result.accuracy_drop_pp:.2f} pp, pool agreement {last['pool']['agreement']:.2%}, "
-          f"{len(result.fallback_nodes)} node(s) left in float "
+          f"{len(result.nodes_in_float)} compute node(s) in float "
           f"({metrics['seconds']:.1f}s) -> {STATIC}")
 
 

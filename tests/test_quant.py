@@ -14,7 +14,7 @@ from onnx import numpy_helper
 from onnxruntime.quantization import QuantFormat, QuantType
 
 from helpers import TwoConvNet, export_to, info_for, structured_images, trained_on
-from quantpipe import data, onnxutil, quant
+from quantpipe import criterion, data, onnxutil, quant
 from quantpipe.errors import UserError
 from quantpipe.params import QuantizeDynamicParams, QuantizeStaticParams
 
@@ -68,11 +68,14 @@ def _val_accuracy(calib: data.Split, info: data.DataInfo):
 
 def _threshold_check(val_accuracy, max_drop_pp: float, fp32_accuracy: float = 1.0):
     """A fallback check() whose drop is "real" whenever it exceeds max_drop_pp: the fallback
-    mechanics without the statistics of quantpipe.criterion (tested in test_criterion.py)."""
-    def check(path: Path) -> dict:
+    mechanics without the statistics of quantpipe.criterion (tested in test_criterion.py).
+    Its "predictions" are the accuracy itself, so every change of accuracy is a change."""
+    def check(path: Path) -> criterion.Judged:
         accuracy = val_accuracy(path)
         drop = round((fp32_accuracy - accuracy) * 100, 4)
-        return {"val_accuracy": accuracy, "accuracy_drop_pp": drop, "real_drop": drop > max_drop_pp}
+        return criterion.Judged({"val_accuracy": accuracy, "accuracy_drop_pp": drop,
+                                 "real_drop": drop > max_drop_pp, "verdict": f"drop {drop} pp"},
+                                np.array([accuracy]))
     return check
 
 
@@ -266,29 +269,69 @@ def _one_point_per_int8_node(path: Path) -> float:
     return 1.0 - 0.01 * len(_quantized_compute_nodes(onnx.load(str(path))))
 
 
-def test_fallback_leaves_compute_nodes_float_until_within_the_drop(fp32_path, fp32, tmp_path,
-                                                                   calib, info):
+def test_ladder_climbs_its_rungs_until_within_the_drop(fp32_path, fp32, tmp_path, calib, info):
+    """Other calibrations regain nothing here (the check counts INT8 nodes), the first and last
+    layers regain 2 pp, the middle conv the last one; then the first and last go back to INT8
+    only if the drop stays within the limit, and here it does not."""
     model, result = _static_result(fp32_path, tmp_path, calib, info,
                                    val_accuracy=_one_point_per_int8_node,
                                    max_accuracy_drop_pp=0.5, max_fallback_steps=3)
-    compute = {n.name for n in fp32.graph.node if n.op_type in ("Conv", "Gemm")}
-    assert [s["accuracy_drop_pp"] for s in result.steps] == pytest.approx([3.0, 2.0, 1.0, 0.0])
-    assert set(result.fallback_nodes) == compute and len(result.fallback_nodes) == 3
-    assert [s["nodes_in_float"] for s in result.steps] == \
-        [result.fallback_nodes[:i] for i in range(4)]
-    assert result.accuracy_drop_pp == 0.0
-    assert _quantized_compute_nodes(model) == []  # the written model is the last one
+    compute = [n.name for n in fp32.graph.node if n.op_type in ("Conv", "Gemm")]
+    ends = [compute[0], compute[-1]]
+    assert [(s["rung"], s["accuracy_drop_pp"], s["kept"]) for s in result.steps] == [
+        ("plain", 3.0, True), ("calibration", 3.0, False), ("calibration", 3.0, False),
+        ("first_last", 1.0, True), ("node", 0.0, True), ("prune", 2.0, False)]
+    assert {s["calibrate_method"] for s in result.steps[1:3]} == {"Entropy", "Percentile"}
+    assert result.steps[3]["nodes_in_float"] == ends
+    assert result.steps[4]["candidate"] == [compute[1]]
+    assert result.accuracy_drop_pp == 0.0 and result.final is result.steps[4]
+    assert set(result.fallback_nodes) == set(compute) == set(result.nodes_in_float)
+    assert _quantized_compute_nodes(model) == []  # the written model is the kept one
     assert result.calib_samples_used == len(calib)  # MinMax uses every sample
+    assert "first/last layers" in result.tried() and "calibrate_method Entropy" in result.tried()
 
 
-def test_fallback_stops_after_max_steps(fp32_path, tmp_path, calib, info):
+def test_ladder_keeps_only_what_regains(fp32_path, fp32, tmp_path,
+                                                                      calib, info):
+    """Only the middle conv matters: the first and last layers regain nothing, so they stay
+    INT8 and the node rung finds the middle conv among its candidates."""
+    compute = [n.name for n in fp32.graph.node if n.op_type in ("Conv", "Gemm")]
+
+    def middle_matters(path: Path) -> float:
+        return 0.99 if compute[1] in _quantized_compute_nodes(onnx.load(str(path))) else 1.0
+
+    model, result = _static_result(fp32_path, tmp_path, calib, info, val_accuracy=middle_matters,
+                                   max_accuracy_drop_pp=0.5, max_fallback_steps=3)
+    assert [(s["rung"], s["kept"]) for s in result.steps if s["rung"] != "node"] == [
+        ("plain", True), ("calibration", False), ("calibration", False), ("first_last", False)]
+    assert [s["rung"] for s in result.steps if s["kept"]] == ["plain", "node"]
+    assert result.fallback_nodes == [compute[1]] == result.nodes_in_float
+    assert _quantized_compute_nodes(model) == [compute[0], compute[2]]
+
+
+def test_ladder_stops_when_no_candidate_changes_a_prediction(fp32_path, tmp_path, calib, info):
+    """A drop no fallback can touch: after the calibration and first/last rungs, one node step
+    tries its candidates, sees no prediction move and stops; the plain model is kept."""
+    model, result = _static_result(fp32_path, tmp_path, calib, info,
+                                   val_accuracy=lambda path: 0.9, max_accuracy_drop_pp=0.5,
+                                   max_fallback_steps=3)
+    rungs = [s["rung"] for s in result.steps]
+    assert rungs[:4] == ["plain", "calibration", "calibration", "first_last"]
+    candidates = [s["candidate"] for s in result.steps[4:]]
+    assert set(rungs[4:]) == {"node"} and len(set(map(tuple, candidates))) == len(candidates)
+    # One round: the 3 (fallback_candidates) nodes alone, then with their readers.
+    assert [len(c) for c in candidates[:3]] == [1, 1, 1]
+    assert all(len(c) > 1 and [c[0]] in candidates[:3] for c in candidates[3:])
+    assert not any(s["kept"] for s in result.steps[1:])
+    assert result.fallback_nodes == [] and len(_quantized_compute_nodes(model)) == 3
+
+
+def test_no_fallback_when_max_steps_is_zero(fp32_path, tmp_path, calib, info):
     model, result = _static_result(fp32_path, tmp_path, calib, info,
                                    val_accuracy=_one_point_per_int8_node,
-                                   max_accuracy_drop_pp=0.5, max_fallback_steps=1)
-    assert len(result.steps) == 2 and len(result.fallback_nodes) == 1
-    assert result.accuracy_drop_pp == pytest.approx(2.0)
-    assert len(_quantized_compute_nodes(model)) == 2
-    assert result.fallback_nodes[0] not in _quantized_compute_nodes(model)
+                                   max_accuracy_drop_pp=0.5, max_fallback_steps=0)
+    assert len(result.steps) == 1 and result.accuracy_drop_pp == 3.0
+    assert result.tried() == "nothing (max_fallback_steps = 0)"
 
 
 def test_no_fallback_when_within_the_drop(fp32_path, tmp_path, calib, info):
@@ -297,6 +340,38 @@ def test_no_fallback_when_within_the_drop(fp32_path, tmp_path, calib, info):
                                    max_accuracy_drop_pp=3.0, max_fallback_steps=3)
     assert result.fallback_nodes == [] and len(result.steps) == 1
     assert len(_quantized_compute_nodes(model)) == 3
+
+
+def test_float_compute_nodes_names_what_runs_in_float(fp32_path, fp32, tmp_path, calib, info,
+                                                      conv_names):
+    model = _static(fp32_path, tmp_path, calib, info, nodes_to_exclude=(conv_names[1],))
+    assert quant.float_compute_nodes(model) == [conv_names[1]]
+    assert quant.float_compute_nodes(fp32) == [n.name for n in fp32.graph.node
+                                               if n.op_type in ("Conv", "Gemm")]
+
+
+def test_cached_ranges_match_ort_calibration(fp32_path, tmp_path, calib, info):
+    """Ranges computed from the one-pass activations equal ORT's own calibrators' ranges."""
+    from onnxruntime.quantization import CalibrationMethod
+    from onnxruntime.quantization.calibrate import load_tensors_data
+
+    pre = tmp_path / "pre.onnx"
+    quant.preprocess(fp32_path, pre)
+    calib = calib.take(np.arange(32))  # histograms need equal batches (calibration_plan)
+    reader = _reader(calib, info)
+    outputs = quant.collect_outputs(pre, reader, QuantizeStaticParams(), tmp_path)
+    for method in CalibrationMethod.MinMax, CalibrationMethod.Entropy, CalibrationMethod.Percentile:
+        p = QuantizeStaticParams(calibrate_method=method,
+                                 calib_batch_size=CALIB_BATCH)
+        theirs, ours = tmp_path / f"{method.name}_ort.json", tmp_path / f"{method.name}.json"
+        quant.calibrate(pre, _reader(calib, info), p, {}, theirs)
+        quant.cached_ranges(outputs, method, p, ours)
+        a, b = load_tensors_data(theirs), load_tensors_data(ours)
+        assert set(a.keys()) == set(b.keys())
+        for name in a.keys():
+            np.testing.assert_allclose(np.asarray(a[name].range_value, dtype=np.float64).ravel(),
+                                       np.asarray(b[name].range_value, dtype=np.float64).ravel(),
+                                       rtol=1e-5, atol=1e-6, err_msg=f"{method.name} {name}")
 
 
 def _model_with_activation(shape: list, elem_type=onnx.TensorProto.FLOAT) -> onnx.ModelProto:

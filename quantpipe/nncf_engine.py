@@ -1,0 +1,123 @@
+"""quantize_static with engine: nncf — NNCF's ONNX post-training quantization.
+
+NNCF (OpenVINO's compression library) quantizes the same FP32 ONNX file to a QDQ model that
+ONNX Runtime runs like ORT's own. What it adds: bias correction (each quantized layer's output
+mean shifted back to FP32's), and quantize_with_accuracy_control as this engine's fallback,
+which reverts the quantizers that cost most until the metric is back within max_drop.
+
+nncf is imported here only: it takes ~2 s, and only this engine needs it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+import onnx
+
+from quantpipe.criterion import Judged
+from quantpipe.data import DataInfo, normalize
+from quantpipe.errors import UserError
+from quantpipe.params import BiasCorrection, QuantizeStaticParams
+from quantpipe.quant import StaticResult, float_compute_nodes, graph_input, unknown_nodes
+
+log = logging.getLogger(__name__)
+
+
+def quantize_options(p: QuantizeStaticParams, n_calib: int) -> dict:
+    """Keyword arguments shared by nncf.quantize and quantize_with_accuracy_control."""
+    import nncf
+    from nncf.quantization.advanced_parameters import (AdvancedQuantizationParameters,
+                                                       AdvancedSmoothQuantParameters)
+
+    q = p.nncf
+    advanced = AdvancedQuantizationParameters(
+        disable_bias_correction=q.bias_correction == BiasCorrection.none)
+    if q.smooth_quant_alpha is not None:
+        advanced.smooth_quant_alphas = AdvancedSmoothQuantParameters(matmul=q.smooth_quant_alpha)
+    return {
+        "preset": nncf.QuantizationPreset(q.preset.value),
+        # CPU, not NNCF's default ANY: the x86 kernels are what the model is deployed on.
+        "target_device": nncf.TargetDevice.CPU,
+        "subset_size": min(q.subset_size or n_calib, n_calib),
+        "fast_bias_correction": q.bias_correction != BiasCorrection.full,
+        "model_type": nncf.ModelType(q.model_type.value) if q.model_type else None,
+        "ignored_scope": nncf.IgnoredScope(names=list(p.nodes_to_exclude))
+        if p.nodes_to_exclude else None,
+    }
+
+
+def agreement_fn(pool_x: np.ndarray, pool_ref: np.ndarray,
+                 predict: Callable[[onnx.ModelProto, np.ndarray], np.ndarray]):
+    """NNCF validation_fn: top-1 agreement with FP32 on the pool images named by the items,
+    and per item (1.0 or 0.0), which NNCF's ranking of quantizers uses."""
+    def validate(model: onnx.ModelProto, items: Iterable[int]) -> tuple[float, list[float]]:
+        idx = np.fromiter(items, dtype=np.int64)
+        same = (predict(model, pool_x[idx]) == pool_ref[idx]).astype(np.float64)
+        return float(same.mean()), same.tolist()
+    return validate
+
+
+def quantize_static_nncf(fp32_path: Path, out_path: Path, calib_x: np.ndarray, info: DataInfo,
+                         p: QuantizeStaticParams, check: Callable[[Path], Judged],
+                         pool_x: np.ndarray, pool_ref: np.ndarray,
+                         predict: Callable[[onnx.ModelProto, np.ndarray], np.ndarray]) -> StaticResult:
+    """nncf.quantize; when check() says the drop is real and max_fallback_steps > 0,
+    nncf.quantize_with_accuracy_control with the pool criterion as its metric: agreement with
+    FP32 (pool_ref, FP32's top-1 on the normalized pool_x) of at least min_pool_agreement,
+    reverting at most max_fallback_steps quantizer groups. Writes the last model to out_path."""
+    import nncf
+    from nncf.quantization.advanced_parameters import AdvancedAccuracyRestorerParameters
+
+    model = onnx.load(str(fp32_path))
+    missing = unknown_nodes(model, p.nodes_to_exclude)
+    if missing:
+        raise UserError(f"quantize_static.nodes_to_exclude: no node named {missing} in "
+                        f"{fp32_path}; its nodes are {[n.name for n in model.graph.node][:30]}")
+    input_name = graph_input(model).name
+    # One image per item: NNCF batches nothing itself, and bias correction wants single samples.
+    calibration = nncf.Dataset(range(len(calib_x)),
+                               lambda i: {input_name: normalize(calib_x[i:i + 1], info)})
+    options = quantize_options(p, len(calib_x))
+    steps: list[dict] = []
+
+    def judge(rung: str, quantized: onnx.ModelProto, path: Path, seconds: float) -> Judged:
+        onnx.save(quantized, str(path))
+        judged = check(path)
+        steps.append({"rung": rung, "engine": "nncf",
+                      "nodes_in_float": float_compute_nodes(quantized),
+                      "seconds": round(seconds, 2), **judged.record, "kept": True})
+        return judged
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "quantized.onnx"
+        start = time.perf_counter()
+        judged = judge("plain", nncf.quantize(model, calibration, **options), path,
+                       time.perf_counter() - start)
+        if judged.real and p.max_fallback_steps > 0:
+            log.warning("quantize_static: %s; running nncf.quantize_with_accuracy_control",
+                        judged.record["verdict"])
+            start = time.perf_counter()
+            controlled = nncf.quantize_with_accuracy_control(
+                model, calibration, nncf.Dataset(range(len(pool_x))),
+                agreement_fn(pool_x, pool_ref, predict),
+                max_drop=1.0 - p.min_pool_agreement, drop_type=nncf.DropType.ABSOLUTE,
+                preset=options["preset"], target_device=options["target_device"],
+                subset_size=options["subset_size"],
+                fast_bias_correction=options["fast_bias_correction"],
+                model_type=options["model_type"], ignored_scope=options["ignored_scope"],
+                advanced_accuracy_restorer_parameters=AdvancedAccuracyRestorerParameters(
+                    max_num_iterations=p.max_fallback_steps))
+            steps[-1]["kept"] = False
+            judge("accuracy_control", controlled, path, time.perf_counter() - start)
+        os.replace(path, out_path)
+    in_float = steps[-1]["nodes_in_float"]
+    return StaticResult(engine="nncf", steps=steps,
+                        fallback_nodes=[n for n in in_float if n not in steps[0]["nodes_in_float"]],
+                        nodes_in_float=in_float, calibrate_method="nncf", sensitivity=[],
+                        calib_samples_used=options["subset_size"], symbolic_shape_inference=None)
