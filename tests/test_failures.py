@@ -657,3 +657,20 @@ def test_quantize_static_says_when_one_validation_image_outweighs_the_limit(work
     assert q["val_image_pp"] == 0.2 and q["val"]["samples"] == 500
     assert q["pool"]["samples"] == min(2000, 3500 - TINY_PARAMS["prepare"]["calib_size"])
     assert isinstance(q["real_drop"], bool) and q["verdict"].startswith("validation drop")
+
+
+def test_quantize_static_with_the_nncf_engine(workspace):
+    """engine: nncf writes a QDQ models/static.onnx that evaluate runs like ORT's, and the
+    metrics say which engine made it, with the flips the verdict rests on."""
+    set_params(workspace, {"quantize_static": {"engine": "nncf", "nncf": {"subset_size": 32}}})
+    result = run_script(workspace, "quantize_static")
+    assert result.returncode == 0, result.stderr[-2000:]
+    q = json.loads((workspace / "metrics/quantize_static.json").read_text())
+    assert q["engine"] == "nncf" and q["subset_size"] == 32 and q["preset"] == "performance"
+    assert {"fp32_right_int8_wrong", "int8_right_fp32_wrong", "mcnemar_p"} <= set(q["val"])
+    assert q["fallback_steps"][0]["rung"] == "plain" and q["ops"]["QuantizeLinear"] > 0
+    assert "quant_format" not in q  # ORT's settings are not NNCF's
+    result = run_script(workspace, "evaluate", "static")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads((workspace / "metrics/eval/static.json").read_text())["agreement"] > 0.9
+

@@ -309,6 +309,24 @@ def test_ladder_keeps_only_what_regains(fp32_path, fp32, tmp_path,
     assert _quantized_compute_nodes(model) == [compute[0], compute[2]]
 
 
+def test_ladder_undoes_the_first_and_last_layers_when_they_no_longer_help(fp32_path, fp32,
+                                                                          tmp_path, calib, info):
+    """The first layer in float helps a little only while the middle conv is INT8: once the
+    node rung puts the middle conv in float, the first and last go back to INT8 (prune)."""
+    compute = [n.name for n in fp32.graph.node if n.op_type in ("Conv", "Gemm")]
+
+    def accuracy(path: Path) -> float:
+        int8 = _quantized_compute_nodes(onnx.load(str(path)))
+        return 1.0 - (0.01 + 0.002 * (compute[0] in int8) if compute[1] in int8 else 0.0)
+
+    model, result = _static_result(fp32_path, tmp_path, calib, info, val_accuracy=accuracy,
+                                   max_accuracy_drop_pp=0.5, max_fallback_steps=3)
+    kept = [(s["rung"], s["accuracy_drop_pp"]) for s in result.steps if s["kept"]]
+    assert kept == [("plain", 1.2), ("first_last", 1.0), ("node", 0.0), ("prune", 0.0)]
+    assert result.nodes_in_float == [compute[1]] == result.fallback_nodes
+    assert f"MinMax with {[compute[1]]} in float: drop 0.00 pp" in result.tried()
+
+
 def test_ladder_stops_when_no_candidate_changes_a_prediction(fp32_path, tmp_path, calib, info):
     """A drop no fallback can touch: after the calibration and first/last rungs, one node step
     tries its candidates, sees no prediction move and stops; the plain model is kept."""
