@@ -196,8 +196,9 @@ class QuantizeStaticParams:
     # Accuracy-aware fallback: while the drop is real (quantpipe.criterion: the validation
     # accuracy drops by more than max_accuracy_drop_pp, the flips are lopsided beyond chance at
     # `significance` by McNemar's test, and agreement with FP32 on the unlabeled pool is below
-    # min_pool_agreement), leave the most sensitive node in float and quantize again, up to
-    # max_fallback_steps times.
+    # min_pool_agreement), the engine's fallback runs: ORT's recovery ladder
+    # (quant.quantize_static_with_fallback; max_fallback_steps rounds of per-node candidates)
+    # or NNCF's accuracy control (at most max_fallback_steps quantizer groups reverted).
     max_accuracy_drop_pp: float = 0.5
     # A screening level, not a publication one: a false alarm costs a fallback step, a missed
     # drop ships a worse model (Entropy on the default model: 8 vs 2 flips, p = 0.055).
@@ -205,8 +206,8 @@ class QuantizeStaticParams:
     # At 99.5% agreement with FP32 no accuracy can move by more than 0.5 pp.
     min_pool_agreement: float = 0.995
     max_fallback_steps: int = 3
-    # onnxruntime engine: per fallback step, the top candidates by SQNR that are each tried;
-    # the one that regains most is kept (the SQNR ranking alone is often wrong).
+    # onnxruntime engine: per ladder round, the top nodes by SQNR that are each tried (alone
+    # and with their readers); the one that regains most is kept, as SQNR alone misranks.
     fallback_candidates: int = 3
     nncf: NNCFParams = field(default_factory=NNCFParams)
     # true: a model still over the drop after the fallback is kept (with a warning).

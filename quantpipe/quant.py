@@ -392,8 +392,41 @@ class Attempt:
     record: dict  # the step as metrics/quantize_static.json lists it
 
 
-def prune(best: "Attempt", plain: "Attempt", ends: list[str],
-          attempt: Callable[..., "Attempt"]) -> "Attempt":
+def keep(best: Attempt, tried: list[Attempt]) -> Attempt:
+    """The tried attempt that judges best (Judged.score), marked kept, if it beats `best`;
+    else `best`."""
+    winner = max(tried, key=lambda a: a.judged.score())
+    if winner.judged.score() <= best.judged.score():
+        return best
+    winner.record["kept"] = True
+    return winner
+
+
+def node_round(best: Attempt, ranked: list[str], model: onnx.ModelProto, k: int,
+               attempt: Callable[..., Attempt]) -> Attempt:
+    """One round of the ladder's node rung: the top k nodes of `ranked` each in float alone
+    (their weights or arithmetic are the trouble), then with their readers (their output range
+    is); returns the attempt that regains most, or `best` when none changes a prediction or
+    regains anything (the ladder then stops)."""
+    top = [n for n in ranked if n not in best.nodes][:k]
+    groups = [[n] for n in top] + [with_consumers(model, n) for n in top]
+    candidates = [c for c in dict.fromkeys(tuple(n for n in g if n not in best.nodes)
+                                           for g in groups) if c]
+    log.warning("quantize_static: %s; trying %s in float", best.record["verdict"],
+                [list(c) for c in candidates])
+    tried = [attempt("node", best.method, best.cache, best.nodes + list(c), candidate=list(c))
+             for c in candidates]
+    if all(np.array_equal(a.judged.predictions, best.judged.predictions) for a in tried):
+        log.warning("quantize_static: none of %s changes a prediction; stopping", top)
+        return best
+    kept = keep(best, tried)
+    if kept is best:
+        log.warning("quantize_static: none of %s regains accuracy; stopping", top)
+    return kept
+
+
+def prune(best: Attempt, plain: Attempt, ends: list[str],
+          attempt: Callable[..., Attempt]) -> Attempt:
     """Once a node rung has met the criterion, the earlier rungs may no longer be needed: try
     the plain calibration back and/or the first and last layers back in INT8, and keep the one
     with the fewest nodes in float (faster) among those that judge at least as well."""
@@ -456,9 +489,10 @@ def quantize_static_with_fallback(fp32_path: Path, out_path: Path, calib_x: np.n
        set (collect_outputs);
     2. the first and last quantized layers in float (the usual suspects: raw pixels in, logits
        out);
-    3. per node, up to p.max_fallback_steps times: the p.fallback_candidates nodes that add the
-       most quantization noise (SQNR, see sensitivity) are each tried, alone and with the
-       nodes that read their output (with_consumers), and the one that regains most is kept; it stops when none of them changes a single prediction or regains any;
+    3. per node, up to p.max_fallback_steps rounds (node_round): the p.fallback_candidates
+       nodes that add the most quantization noise (SQNR, see sensitivity) are each tried, alone
+       and with the nodes that read their output (with_consumers), and the one that regains most
+       is kept; a round in which none changes a single prediction or regains anything stops it;
     4. if a node of rung 3 met the criterion, rungs 1-2 are undone where that loses nothing
        (see prune).
     Rungs 1-2 run only when max_fallback_steps > 0. Writes the kept model to out_path."""
@@ -496,14 +530,6 @@ def quantize_static_with_fallback(fp32_path: Path, out_path: Path, calib_x: np.n
             steps.append(record)
             return Attempt(rung, method, cache, list(nodes), path, judged, record)
 
-        def keep(best: Attempt, tried: list[Attempt]) -> Attempt:
-            """The tried attempt that judges best, if it beats `best`; else `best`."""
-            winner = max(tried, key=lambda a: a.judged.score())
-            if winner.judged.score() <= best.judged.score():
-                return best
-            winner.record["kept"] = True
-            return winner
-
         best = plain = attempt("plain", p.calibrate_method, cache, excluded)
         best.record["kept"] = True
         climb = p.max_fallback_steps > 0
@@ -528,22 +554,8 @@ def quantize_static_with_fallback(fp32_path: Path, out_path: Path, calib_x: np.n
         for _ in range(p.max_fallback_steps):
             if not best.judged.real or not ranked:
                 break
-            # Each of the top nodes alone (its weights or arithmetic are the trouble), then with
-            # its readers (its output range is): whichever regains most is kept.
-            top = [n for n in ranked if n not in best.nodes][:p.fallback_candidates]
-            groups = [[n] for n in top] + [g for n in top
-                                           if len(g := with_consumers(pre_model, n)) > 1]
-            candidates = list({tuple(n for n in g if n not in best.nodes): None for g in groups})
-            log.warning("quantize_static: %s; trying %s in float", best.record["verdict"],
-                        [list(c) for c in candidates])
-            tried = [attempt("node", best.method, best.cache, best.nodes + list(c),
-                             candidate=list(c)) for c in candidates]
-            if all(np.array_equal(a.judged.predictions, best.judged.predictions) for a in tried):
-                log.warning("quantize_static: none of %s changes a prediction; stopping", top)
-                break
-            before, best = best, keep(best, tried)
+            before, best = best, node_round(best, ranked, pre_model, p.fallback_candidates, attempt)
             if best is before:
-                log.warning("quantize_static: none of %s regains accuracy; stopping", top)
                 break
             ranked = [n for n in ranked if n not in best.nodes]
         if not best.judged.real and best.rung == "node":
