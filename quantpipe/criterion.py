@@ -35,9 +35,11 @@ class Comparison:
     """A quantized model's top-1 predictions against FP32's on one set of samples."""
     samples: int
     agreement: float
-    # Only with labels: accuracy flips in each direction and the accuracy drop they make.
+    # Only with labels: accuracy flips in each direction, all flips (the discordant images the
+    # test rests on), and the accuracy drop they make.
     fp32_right_int8_wrong: int | None = None
     int8_right_fp32_wrong: int | None = None
+    flips: int | None = None
     accuracy_drop_pp: float | None = None
     mcnemar_p: float | None = None
 
@@ -53,7 +55,7 @@ def compare(pred: np.ndarray, ref_pred: np.ndarray, y: np.ndarray | None = None)
     right, ref_right = pred == y, ref_pred == y
     b, c = int((ref_right & ~right).sum()), int((right & ~ref_right).sum())
     return Comparison(samples=len(pred), agreement=agreement, fp32_right_int8_wrong=b,
-                      int8_right_fp32_wrong=c,
+                      int8_right_fp32_wrong=c, flips=b + c,
                       accuracy_drop_pp=round((b - c) / max(len(pred), 1) * 100, 4),
                       mcnemar_p=round(mcnemar_p(b, c), 6))
 
@@ -114,3 +116,20 @@ def pool_indices(n: int, exclude: np.ndarray | None = None, size: int = POOL_SIZ
 def one_image_pp(samples: int) -> float:
     """What one image is worth in accuracy points on a split of `samples` images."""
     return 100.0 / max(samples, 1)
+
+
+def coarse_split_warning(samples: int, max_drop_pp: float, dataset_size: int | None = None) -> str | None:
+    """The warning when one of `samples` validation images is worth more than max_drop_pp, with
+    the val_fraction that would make one image worth the limit (of `dataset_size` images)."""
+    one = one_image_pp(samples)
+    if one <= max_drop_pp:
+        return None
+    fix = "raise prepare.val_fraction for a finer criterion"
+    if dataset_size and max_drop_pp > 0:
+        fraction = 100.0 / max_drop_pp / dataset_size
+        fix = (f"raise prepare.val_fraction to about {fraction:.2f} for a finer criterion"
+               if fraction < 0.5 else "raise prepare.val_fraction or bring more images")
+    return (f"one of the {samples} validation images is worth {one:.2f} pp, more than "
+            f"max_accuracy_drop_pp = {max_drop_pp}: the drop alone cannot tell noise from loss "
+            f"(McNemar's test and the pool decide); {fix}")
+

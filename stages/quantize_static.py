@@ -47,11 +47,10 @@ def main() -> None:
     for w in warnings:
         logging.warning("quantize_static: %s", w)
     one_image = criterion.one_image_pp(len(val.y))
-    if one_image > p.max_accuracy_drop_pp:
-        logging.warning("quantize_static: one of the %d validation images is worth %.2f pp, more "
-                        "than max_accuracy_drop_pp = %s: the drop alone cannot tell noise from "
-                        "loss (McNemar's test and the pool decide); raise prepare.val_fraction for "
-                        "a finer criterion", len(val.y), one_image, p.max_accuracy_drop_pp)
+    dataset_size = len(train_x) + len(val.y) + len(data.load_split(PREPARED, "test").y)
+    coarse = criterion.coarse_split_warning(len(val.y), p.max_accuracy_drop_pp, dataset_size)
+    if coarse:
+        logging.warning("quantize_static: %s", coarse)
 
     def predict(model: Path | bytes, *images: np.ndarray) -> list[np.ndarray]:
         """(N,) top-1 classes on each of `images`, from one session."""

@@ -24,7 +24,7 @@ def test_compare_counts_flips_in_each_direction():
     ref = np.array([0, 1, 2, 3, 0, 1, 0, 0])      # FP32: 6 of 8 right
     pred = np.array([0, 1, 1, 3, 0, 2, 2, 0])     # INT8: loses samples 2 and 5, wins sample 6
     c = criterion.compare(pred, ref, y)
-    assert (c.samples, c.fp32_right_int8_wrong, c.int8_right_fp32_wrong) == (8, 2, 1)
+    assert (c.samples, c.fp32_right_int8_wrong, c.int8_right_fp32_wrong, c.flips) == (8, 2, 1, 3)
     assert c.agreement == pytest.approx(5 / 8)
     assert c.accuracy_drop_pp == pytest.approx((6 / 8 - 5 / 8) * 100)  # = (b - c) / n
     assert c.mcnemar_p == pytest.approx(criterion.mcnemar_p(2, 1), abs=1e-6)
@@ -83,3 +83,12 @@ def test_pool_indices_skip_calibration_and_spread_evenly():
     assert len(spread) == 50 and len(set(spread.tolist())) == 50
     assert all(i % 2 == 1 for i in spread) and spread[0] == 1 and spread[-1] == 999
     assert criterion.one_image_pp(179) == pytest.approx(0.5587, abs=1e-4)
+
+
+def test_coarse_split_warning_names_the_val_fraction_that_fixes_it():
+    assert criterion.coarse_split_warning(500, 0.5) is None  # 0.2 pp per image
+    message = criterion.coarse_split_warning(179, 0.5, dataset_size=1797)
+    assert message.startswith("one of the 179 validation images is worth 0.56 pp, more than "
+                              "max_accuracy_drop_pp = 0.5")
+    assert "raise prepare.val_fraction to about 0.11" in message  # 200 of 1,797 images
+    assert "bring more images" in criterion.coarse_split_warning(30, 0.5, dataset_size=300)

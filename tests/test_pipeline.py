@@ -54,7 +54,8 @@ def test_first_repro_runs_every_stage_and_writes_the_contract(project):
     q = json.loads((repo / "metrics/quantize_static.json").read_text())
     assert q["val"]["samples"] == prepared["val_samples"]
     assert set(q["val"]) == {"samples", "agreement", "fp32_right_int8_wrong", "int8_right_fp32_wrong",
-                             "accuracy_drop_pp", "mcnemar_p"}
+                             "flips", "accuracy_drop_pp", "mcnemar_p"}
+    assert q["val"]["flips"] == q["val"]["fp32_right_int8_wrong"] + q["val"]["int8_right_fp32_wrong"]
     assert q["pool"]["samples"] == min(2000, prepared["train_samples"] - prepared["calib_samples"])
     assert q["real_drop"] is False and q["verdict"].startswith("validation drop")
     assert all({"val", "pool", "real_drop", "verdict"} <= set(step) for step in q["fallback_steps"])
