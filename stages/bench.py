@@ -40,7 +40,8 @@ def main() -> None:
                                      str(path))
 
     def session(path: Path, count: int) -> bench.Runner:
-        return bench.session_runner(onnxutil.make_session(path, level=level, threads=count))
+        return bench.session_runner(onnxutil.make_session(path, level=level, threads=count,
+                                                          stop_spinning=True))
 
     print(f"bench {variant}: on {machines.describe(machine)}")
     latency = bench.latency_table(

@@ -209,3 +209,16 @@ def test_max_abs_diff():
     b = np.array([[1.5, 2.0], [3.0, 1.0]], np.float32)
     assert onnxutil.max_abs_diff(a, b) == pytest.approx(3.0)
     assert onnxutil.max_abs_diff(a, a) == 0.0
+
+
+def test_bench_sessions_stop_spinning_after_each_run(exported):
+    """The benchmark's sessions take turns in one process: their thread pools must not keep
+    spinning after a run (see onnxutil.make_session)."""
+    level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    bench_session = onnxutil.make_session(exported.SerializeToString(), level=level, threads=2,
+                                          stop_spinning=True)
+    plain = onnxutil.make_session(exported.SerializeToString(), level=level, threads=2)
+    key = "session.force_spinning_stop"
+    assert bench_session.get_session_options().get_session_config_entry(key) == "1"
+    with pytest.raises(RuntimeError, match="does not have configuration"):
+        plain.get_session_options().get_session_config_entry(key)  # ORT's default: spin
