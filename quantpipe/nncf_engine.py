@@ -27,6 +27,9 @@ from quantpipe.params import BiasCorrection, QuantizeStaticParams
 from quantpipe.quant import StaticResult, float_compute_nodes, graph_input, unknown_nodes
 
 log = logging.getLogger(__name__)
+# nncf imports torch, whose C++-extension helper warns "No CUDA runtime is found" on every CPU
+# machine: noise in a stage's output.
+logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
 
 def quantize_options(p: QuantizeStaticParams, n_calib: int) -> dict:

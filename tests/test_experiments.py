@@ -240,7 +240,7 @@ def test_review_script_reports_metrics_and_param_changes(baseline, tmp_path):
 
     def review(*args: str) -> subprocess.CompletedProcess:
         proc = subprocess.run(["bash", str(REVIEW), *args], cwd=clone / "stages",
-                              capture_output=True, text=True, timeout=120)
+                              capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         return proc
 

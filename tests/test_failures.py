@@ -39,7 +39,7 @@ MODEL_FILES = ("exported.onnx", "fp32.onnx", "dynamic.onnx", "static.onnx")
 
 # --- helpers ----------------------------------------------------------------------------------
 
-def run_script(cwd: Path, *args: str, debug: bool = False, timeout: int = 180) -> subprocess.CompletedProcess:
+def run_script(cwd: Path, *args: str, debug: bool = False, timeout: int = 300) -> subprocess.CompletedProcess:
     """`python stages/<args>` in cwd, as DVC runs it."""
     env = {k: v for k, v in os.environ.items() if k != "QUANTPIPE_DEBUG"}
     if debug:

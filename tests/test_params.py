@@ -298,7 +298,7 @@ def _run_prepare(cwd, debug: bool) -> subprocess.CompletedProcess:
     if debug:
         env["QUANTPIPE_DEBUG"] = "1"
     return subprocess.run([sys.executable, str(ROOT / "stages" / "prepare.py")], cwd=cwd,
-                          env=env, capture_output=True, text=True, timeout=120)
+                          env=env, capture_output=True, text=True, timeout=300)
 
 
 def test_stage_with_bad_params_prints_one_error_line_and_exits_2(tmp_path):

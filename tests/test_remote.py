@@ -148,7 +148,7 @@ def s3_endpoint(tmp_path, monkeypatch):
         server = subprocess.Popen([*cmd, "-H", "127.0.0.1", "-p", str(port)],
                                   stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # a loaded 2-core machine imports moto slowly
         while True:
             if server.poll() is not None:
                 pytest.fail(f"moto_server exited {server.returncode}:\n{log_path.read_text()}")
@@ -205,7 +205,7 @@ def test_local_directory_remote_round_trip(tmp_path, pipeline_run):
     # The review recipe in the clone: a default remote exists, so it fetches first; the base
     # (origin/main = A's main) is what B has checked out, so nothing differs.
     review = subprocess.run(["bash", str(REVIEW)], cwd=b, capture_output=True, text=True,
-                            timeout=120)
+                            timeout=300)
     assert review.returncode == 0, review.stdout + review.stderr
     assert "Fetching cached metrics and plots from DVC remote 'local'" in review.stderr
     assert "## Metrics: workspace vs origin/main" in review.stdout
