@@ -17,10 +17,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from quantpipe import criterion, data, onnxutil, quant  # noqa: E402
-from quantpipe.params import Engine  # noqa: E402
 from quantpipe.errors import UserError  # noqa: E402
 from quantpipe.io import atomic_path, run_stage, write_json  # noqa: E402
-from quantpipe.params import load_params  # noqa: E402
+from quantpipe.params import Engine, load_params  # noqa: E402
 
 PREPARED = Path("data/prepared")
 CALIBRATION = Path("data/calibration")
