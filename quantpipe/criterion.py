@@ -104,6 +104,21 @@ class Judged:
         return (not self.real, pool, -self.record["accuracy_drop_pp"])
 
 
+def assess(pred_val: np.ndarray, pred_pool: np.ndarray, ref_val: np.ndarray,
+           ref_pool: np.ndarray, y_val: np.ndarray, *, max_drop_pp: float, significance: float,
+           min_pool_agreement: float) -> Judged:
+    """A candidate's top-1 classes on val and pool against FP32's (ref_*): its comparisons and
+    verdict, as the fallback records and decides on them."""
+    val, pool = compare(pred_val, ref_val, y_val), compare(pred_pool, ref_pool)
+    verdict = judge(val, pool, max_drop_pp=max_drop_pp, significance=significance,
+                    min_pool_agreement=min_pool_agreement)
+    fp32_accuracy = float((ref_val == y_val).mean()) if len(y_val) else 1.0
+    record = {"val_accuracy": round(fp32_accuracy - val.accuracy_drop_pp / 100, 6),
+              "accuracy_drop_pp": val.accuracy_drop_pp, "val": val.as_dict(),
+              "pool": pool.as_dict(), "real_drop": verdict.real, "verdict": verdict.why}
+    return Judged(record, np.concatenate([pred_val, pred_pool]))
+
+
 def pool_indices(n: int, exclude: np.ndarray | None = None, size: int = POOL_SIZE) -> np.ndarray:
     """Up to `size` indices of range(n) not in `exclude`, evenly spaced (so a split stored class
     by class still gives every class its share), deterministic."""
@@ -118,18 +133,17 @@ def one_image_pp(samples: int) -> float:
     return 100.0 / max(samples, 1)
 
 
-def coarse_split_warning(samples: int, max_drop_pp: float, dataset_size: int | None = None) -> str | None:
+def coarse_split_warning(samples: int, max_drop_pp: float, val_fraction: float | None = None) -> str | None:
     """The warning when one of `samples` validation images is worth more than max_drop_pp, with
-    the val_fraction that would make one image worth the limit (of `dataset_size` images)."""
+    the prepare.val_fraction (now `val_fraction`) that would make one image worth the limit."""
     one = one_image_pp(samples)
     if one <= max_drop_pp:
         return None
     fix = "raise prepare.val_fraction for a finer criterion"
-    if dataset_size and max_drop_pp > 0:
-        fraction = 100.0 / max_drop_pp / dataset_size
+    if val_fraction and max_drop_pp > 0:
+        fraction = val_fraction * one / max_drop_pp  # val grows in proportion to the fraction
         fix = (f"raise prepare.val_fraction to about {fraction:.2f} for a finer criterion"
                if fraction < 0.5 else "raise prepare.val_fraction or bring more images")
     return (f"one of the {samples} validation images is worth {one:.2f} pp, more than "
             f"max_accuracy_drop_pp = {max_drop_pp}: the drop alone cannot tell noise from loss "
             f"(McNemar's test and the pool decide); {fix}")
-

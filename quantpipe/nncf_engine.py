@@ -22,9 +22,8 @@ import onnx
 
 from quantpipe.criterion import Judged
 from quantpipe.data import DataInfo, normalize
-from quantpipe.errors import UserError
 from quantpipe.params import BiasCorrection, QuantizeStaticParams
-from quantpipe.quant import StaticResult, float_compute_nodes, graph_input, unknown_nodes
+from quantpipe.quant import StaticResult, check_nodes_exist, float_compute_nodes, graph_input
 
 log = logging.getLogger(__name__)
 # nncf imports torch, whose C++-extension helper warns "No CUDA runtime is found" on every CPU
@@ -78,10 +77,7 @@ def quantize_static_nncf(fp32_path: Path, out_path: Path, calib_x: np.ndarray, i
     from nncf.quantization.advanced_parameters import AdvancedAccuracyRestorerParameters
 
     model = onnx.load(str(fp32_path))
-    missing = unknown_nodes(model, p.nodes_to_exclude)
-    if missing:
-        raise UserError(f"quantize_static.nodes_to_exclude: no node named {missing} in "
-                        f"{fp32_path}; its nodes are {[n.name for n in model.graph.node][:30]}")
+    check_nodes_exist(model, p.nodes_to_exclude, "quantize_static.nodes_to_exclude", fp32_path)
     input_name = graph_input(model).name
     # One image per item: NNCF batches nothing itself, and bias correction wants single samples.
     calibration = nncf.Dataset(range(len(calib_x)),

@@ -107,11 +107,16 @@ def preprocess_checked(model_path: Path, out_path: Path, exclude: tuple[str, ...
     the pre-processed graph, the one ORT quantizes. Returns (symbolic shape inference ran, model)."""
     symbolic = preprocess(model_path, out_path)
     model = onnx.load(str(out_path))
-    missing = unknown_nodes(model, exclude)
-    if missing:
-        raise UserError(f"{key}: no node named {missing} in {model_path}; its nodes are "
-                        f"{[n.name for n in model.graph.node][:30]}")
+    check_nodes_exist(model, exclude, key, model_path)
     return symbolic, model
+
+
+def check_nodes_exist(model: onnx.ModelProto, names: tuple[str, ...], key: str, where: Path) -> None:
+    """A UserError naming params key `key` when a name in `names` is no node of `model`."""
+    missing = unknown_nodes(model, names)
+    if missing:
+        raise UserError(f"{key}: no node named {missing} in {where}; its nodes are "
+                        f"{[n.name for n in model.graph.node][:30]}")
 
 
 def slow_combination_warnings(p: QuantizeStaticParams) -> list[str]:

@@ -46,8 +46,8 @@ def main() -> None:
     for w in warnings:
         logging.warning("quantize_static: %s", w)
     one_image = criterion.one_image_pp(len(val.y))
-    dataset_size = len(train_x) + len(val.y) + len(data.load_split(PREPARED, "test").y)
-    coarse = criterion.coarse_split_warning(len(val.y), p.max_accuracy_drop_pp, dataset_size)
+    coarse = criterion.coarse_split_warning(len(val.y), p.max_accuracy_drop_pp,
+                                            params.prepare.val_fraction)
     if coarse:
         logging.warning("quantize_static: %s", coarse)
 
@@ -61,16 +61,9 @@ def main() -> None:
 
     def check(model_path: Path) -> criterion.Judged:
         """One candidate against FP32 on val and pool, and the verdict."""
-        pred_val, pred_pool = predict(model_path, val_x, pool_x)
-        val_cmp = criterion.compare(pred_val, ref_val, val.y)
-        pool_cmp = criterion.compare(pred_pool, ref_pool)
-        verdict = criterion.judge(val_cmp, pool_cmp, max_drop_pp=p.max_accuracy_drop_pp,
-                                  significance=p.significance,
-                                  min_pool_agreement=p.min_pool_agreement)
-        record = {"val_accuracy": round(fp32_val_accuracy - val_cmp.accuracy_drop_pp / 100, 6),
-                  "accuracy_drop_pp": val_cmp.accuracy_drop_pp, "val": val_cmp.as_dict(),
-                  "pool": pool_cmp.as_dict(), "real_drop": verdict.real, "verdict": verdict.why}
-        return criterion.Judged(record, np.concatenate([pred_val, pred_pool]))
+        return criterion.assess(*predict(model_path, val_x, pool_x), ref_val, ref_pool, val.y,
+                                max_drop_pp=p.max_accuracy_drop_pp, significance=p.significance,
+                                min_pool_agreement=p.min_pool_agreement)
 
     start = time.perf_counter()
     with atomic_path(STATIC) as tmp:

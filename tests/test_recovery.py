@@ -62,14 +62,9 @@ def judge(hard_path, sets):
     p = QuantizeStaticParams()
 
     def check(path: Path) -> criterion.Judged:
-        pred_val, pred_pool = _predict(path, val_x), _predict(path, pool_x)
-        val_cmp, pool_cmp = criterion.compare(pred_val, ref_val, val.y), criterion.compare(pred_pool, ref_pool)
-        verdict = criterion.judge(val_cmp, pool_cmp, max_drop_pp=p.max_accuracy_drop_pp,
-                                  significance=p.significance, min_pool_agreement=p.min_pool_agreement)
-        return criterion.Judged({"val_accuracy": None, "accuracy_drop_pp": val_cmp.accuracy_drop_pp,
-                                 "val": val_cmp.as_dict(), "pool": pool_cmp.as_dict(),
-                                 "real_drop": verdict.real, "verdict": verdict.why},
-                                np.concatenate([pred_val, pred_pool]))
+        return criterion.assess(_predict(path, val_x), _predict(path, pool_x), ref_val, ref_pool,
+                                val.y, max_drop_pp=p.max_accuracy_drop_pp,
+                                significance=p.significance, min_pool_agreement=p.min_pool_agreement)
     check.pool = (pool_x, ref_pool)
     return check
 
