@@ -88,7 +88,19 @@ def read_json(path: Path | str) -> dict:
 
 
 # The ONNX variants evaluate and bench run on, as dvc.yaml's foreach lists them.
-VARIANTS = ("fp32", "dynamic", "static")
+VARIANTS = ("fp32", "dynamic", "static", "qat")
+
+
+def skipped_model(path: Path | str) -> str | None:
+    """Why models/<variant>.onnx holds no model, or None when it does.
+
+    A stage with nothing to quantize (quantize_qat for a model brought as ONNX, or disabled)
+    writes its output empty, so DVC has its output and evaluate, bench and report pass over it.
+    """
+    path = Path(path)
+    if path.exists() and path.stat().st_size == 0:
+        return f"{path} is empty: the stage that writes it skipped (see metrics/quantize_{path.stem}.json)"
+    return None
 
 
 def variant_argument(argv: list[str]) -> str:

@@ -11,6 +11,7 @@ import io
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -131,9 +132,12 @@ class EpochStats:
 
 def train_model(model: nn.Module, x_train: np.ndarray, y_train: np.ndarray,
                 x_val: np.ndarray, y_val: np.ndarray, *, epochs: int, batch_size: int,
-                lr: float, max_shift: int, seed: int,
-                progress: bool = True) -> list[EpochStats]:
+                lr: float, max_shift: int, seed: int, progress: bool = True,
+                on_step: Callable[[nn.Module, int], None] | None = None) -> list[EpochStats]:
     """Adam + cross-entropy on normalized float32 (N, C, S, S) inputs; returns per-epoch stats.
+
+    on_step(model, step) runs after each optimizer step (1, 2, ...): quantization-aware
+    training freezes BatchNorm and its ranges from there.
 
     Deterministic for a given seed on a given machine: seeded shuffling, augmentation and
     dropout, and deterministic kernels.
@@ -147,7 +151,7 @@ def train_model(model: nn.Module, x_train: np.ndarray, y_train: np.ndarray,
     x_all, y_all = torch.from_numpy(x_train), torch.from_numpy(y_train)
     # Pad with each channel's minimum, which is the normalized background (0 pixels).
     background = x_all.amin(dim=(0, 2, 3)).view(1, -1, 1, 1)
-    history = []
+    history, step = [], 0
     for epoch in range(1, epochs + 1):
         start = time.perf_counter()
         model.train()
@@ -165,6 +169,9 @@ def train_model(model: nn.Module, x_train: np.ndarray, y_train: np.ndarray,
             loss = F.cross_entropy(logits, yb)
             loss.backward()
             optimizer.step()
+            step += 1
+            if on_step is not None:
+                on_step(model, step)
             total_loss += loss.item() * len(idx)
             correct += int((logits.argmax(1) == yb).sum())
         seen = sum(len(b) for b in batches)

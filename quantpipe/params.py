@@ -242,6 +242,44 @@ class QuantizeStaticParams:
 
 
 @dataclass(frozen=True)
+class QuantizeQATParams:
+    """Quantization-aware training (quantpipe.qat): models/model.pt fine-tuned with fake
+    quantization in the static variant's x86 scheme, exported as QDQ models/qat.onnx."""
+    # false: the stage writes an empty models/qat.onnx and a metrics file saying it skipped.
+    enabled: bool = True
+    epochs: int = 2
+    batch_size: int = 64
+    # A tenth of train.lr: QAT moves trained weights onto the INT8 grid, it does not re-learn them.
+    lr: float = 1e-4
+    # S8 weights per output channel (as quantize_static.per_channel: true), or per tensor.
+    per_channel: bool = True
+    # Optimizer steps after which BatchNorm normalizes with its running statistics (as at
+    # inference) instead of each batch's; null: never frozen during the fine-tune. Steps after
+    # which the fake-quant ranges stop following the batches; null: at the end.
+    freeze_bn_after: int | None = 50
+    freeze_observers_after: int | None = None
+    # Samples per batch of the calibration pass that starts the ranges (min/max, as MinMax).
+    calib_batch_size: int = 32
+    # Parity of models/qat.onnx against the fake-quant PyTorch model on the test split: logits
+    # differ by rounding flips (one output step, ~0.1-0.4 logits, more in deep models); a wrong
+    # export differs by whole logits and in its predictions.
+    max_abs_diff: float = 1.0
+    min_agreement: float = 0.99
+
+    def __post_init__(self) -> None:
+        for key in ("epochs", "batch_size", "calib_batch_size"):
+            _check(getattr(self, key) >= 1, f"quantize_qat.{key}", getattr(self, key), "an integer >= 1")
+        _check(0 < self.lr < 10, "quantize_qat.lr", self.lr, "a number in (0, 10), e.g. 1e-4")
+        for key in ("freeze_bn_after", "freeze_observers_after"):
+            value = getattr(self, key)
+            _check(value is None or value >= 0, f"quantize_qat.{key}", value,
+                   "a number of optimizer steps >= 0, or null")
+        _check(self.max_abs_diff > 0, "quantize_qat.max_abs_diff", self.max_abs_diff, "a number > 0")
+        _check(0 < self.min_agreement <= 1, "quantize_qat.min_agreement", self.min_agreement,
+               "a share in (0, 1], e.g. 0.99")
+
+
+@dataclass(frozen=True)
 class RuntimeParams:
     # The level you deploy with: QDQ pairs fuse into QLinear kernels only at EXTENDED or above.
     graph_optimization_level: GraphOptimizationLevel = GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -252,12 +290,13 @@ class BatchTolerance:
     """Max |batched - single-sample| logit difference allowed per variant (logit units)."""
     fp32: float = 1e-3
     static: float = 1e-3
+    qat: float = 1e-3
     # Dynamic quantization picks activation scales per batch, so each row depends on its
     # batch-mates by about one quantization step (~0.05 logits here).
     dynamic: float = 0.25
 
     def __post_init__(self) -> None:
-        for key in ("fp32", "static", "dynamic"):
+        for key in ("fp32", "static", "dynamic", "qat"):
             _check(getattr(self, key) > 0, f"evaluate.batch_consistency_atol.{key}",
                    getattr(self, key), "a number > 0")
 
@@ -328,6 +367,7 @@ class Params:
     simplify: SimplifyParams = field(default_factory=SimplifyParams)
     quantize_dynamic: QuantizeDynamicParams = field(default_factory=QuantizeDynamicParams)
     quantize_static: QuantizeStaticParams = field(default_factory=QuantizeStaticParams)
+    quantize_qat: QuantizeQATParams = field(default_factory=QuantizeQATParams)
     runtime: RuntimeParams = field(default_factory=RuntimeParams)
     evaluate: EvaluateParams = field(default_factory=EvaluateParams)
     bench: BenchParams = field(default_factory=BenchParams)

@@ -7,7 +7,9 @@ from quantpipe.errors import UserError
 from quantpipe.machine import describe
 from quantpipe.params import GatesParams
 
-QUANTIZED = ("dynamic", "static")
+QUANTIZED = ("dynamic", "static", "qat")
+# Top-level summary keys that are not model rows.
+RECORDS = ("machine", "skipped")
 # Below this FP32 latency (ms) per-run overhead, not arithmetic, decides INT8 vs FP32.
 TINY_MODEL_MS = 0.05
 
@@ -19,9 +21,12 @@ def build_summary(evals: dict[str, dict], benches: dict[str, dict],
     the PyTorch eager baseline `torch` and the `machine` that measured it all.
 
     latency_p50_ms/speedup are those at the first thread count benched (bench.threads; all
-    cores by default); by_threads has every thread count.
+    cores by default); by_threads has every thread count. A variant whose stage skipped (its
+    evaluate JSON says `skipped`) has no row, only its reason under `skipped`.
     """
-    machine, threads = bench_setup(benches)
+    skipped = {v: ev["skipped"] for v, ev in evals.items() if "skipped" in ev}
+    evals = {v: ev for v, ev in evals.items() if v not in skipped}
+    machine, threads = bench_setup({v: b for v, b in benches.items() if v not in skipped})
     fp32 = evals["fp32"]
     summary: dict = {}
     for variant, ev in evals.items():
@@ -45,12 +50,19 @@ def build_summary(evals: dict[str, dict], benches: dict[str, dict],
         summary["torch"] = {"accuracy": torch_bench["accuracy"], "size_bytes": torch_bench["size_bytes"],
                             **_latency(torch_bench["latency"], threads, with_speedup=True)}
     summary["machine"] = machine
+    if skipped:
+        summary["skipped"] = skipped
     return summary
 
 
 def variants_of(summary: dict) -> dict[str, dict]:
-    """The model rows of a summary (every variant and torch), without the `machine` record."""
-    return {name: entry for name, entry in summary.items() if name != "machine"}
+    """The model rows of a summary (every variant and torch), without `machine` and `skipped`."""
+    return {name: entry for name, entry in summary.items() if name not in RECORDS}
+
+
+def quantized_of(summary: dict) -> list[str]:
+    """The quantized variants that have a row (a skipped one has none)."""
+    return [v for v in QUANTIZED if v in summary]
 
 
 def bench_setup(benches: dict[str, dict]) -> tuple[dict, list[int]]:
@@ -83,7 +95,7 @@ def _latency(rows_by_threads: dict[str, dict], threads: list[int], with_speedup:
 def check_gates(summary: dict, gates: GatesParams) -> list[str]:
     """Human-readable gate failures; empty when all gates hold."""
     failures = []
-    for variant in QUANTIZED:
+    for variant in quantized_of(summary):
         drop = summary[variant]["accuracy_drop_pp"]
         if drop > gates.max_accuracy_drop_pp:
             failures.append(f"{variant} accuracy drop {drop:.2f} pp > gates.max_accuracy_drop_pp "
@@ -112,7 +124,7 @@ def slowdown_notes(summary: dict, evals: dict[str, dict], machine: dict,
     """
     notes = []
     flags = machine.get("cpu_flags", {})
-    for variant in QUANTIZED:
+    for variant in quantized_of(summary):
         slow = [k for k, v in summary[variant]["speedup"].items() if v < 1.0]
         if not slow:
             continue
@@ -146,7 +158,7 @@ def thread_scaling_notes(summary: dict) -> list[str]:
     10% from one thread to the headline thread count, with the throughput configuration that
     keeps the gain when every core is busy."""
     notes = []
-    for variant in QUANTIZED:
+    for variant in quantized_of(summary):
         entry = summary[variant]
         by_threads = entry["by_threads"]
         counts = [int(k.removeprefix("threads")) for k in by_threads]
@@ -206,6 +218,7 @@ def render_markdown(summary: dict, notes: list[str], profiles: dict[str, dict] |
             "interleaved rounds, on this machine only.", "",
             f"## {_threads_title(threads[0], machine)}", "",
             *_headline_table(rows, sizes), "",
+            *_routes_section(summary, sizes), "",
             "## Latency by thread count", "",
             *_threads_table(rows, threads, sizes)]
     onnx_rows = {v: s for v, s in rows.items() if "throughput_ips" in s}  # not torch
@@ -245,6 +258,31 @@ def _headline_table(rows: dict[str, dict], sizes: list[str]) -> list[str]:
         cells += [_fmt(s.get("speedup", {}).get(k), ".2f", prefix="x") for k in sizes]
         body.append(cells)
     return _table(head, body)
+
+
+# The practitioners' comparison: the PyTorch model, its ONNX export, and INT8 by post-training
+# quantization and by quantization-aware training.
+ROUTES = (("torch", "FP32 PyTorch", "models/model.pt"), ("fp32", "FP32 ONNX", "models/fp32.onnx"),
+          ("static", "INT8 ONNX, post-training (PTQ)", "models/static.onnx"),
+          ("qat", "INT8 ONNX, quantization-aware training (QAT)", "models/qat.onnx"))
+
+
+def _routes_section(summary: dict, sizes: list[str]) -> list[str]:
+    largest = sizes[-1]
+    head = ["model", "file", "accuracy", "size (MB)"] + [f"p50 {k} (ms)" for k in sizes] + \
+        [f"speed vs FP32 ONNX, {largest}"]
+    body, missing = [], []
+    for key, title, path in ROUTES:
+        s = summary.get(key)
+        if s is None:
+            why = summary.get("skipped", {}).get(key, "no PyTorch model (brought as ONNX)")
+            missing.append(f"{title}: {why}.")
+            continue
+        speed = 1.0 if key == "fp32" else s["speedup"][largest]
+        body.append([title, f"`{path}`", f"{s['accuracy']:.4f}", f"{s['size_bytes'] / 1e6:.2f}"]
+                    + [_fmt(s["latency_p50_ms"].get(k), ".3f") for k in sizes] + [f"x{speed:.2f}"])
+    return ["## FP32 PyTorch, FP32 ONNX, INT8 PTQ, INT8 QAT", "", *_table(head, body),
+            *(["", *[f"- {m}" for m in missing]] if missing else [])]
 
 
 def _threads_table(rows: dict[str, dict], threads: list[int], sizes: list[str]) -> list[str]:

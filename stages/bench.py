@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from quantpipe import bench, data, onnxutil  # noqa: E402
 from quantpipe import machine as machines  # noqa: E402
-from quantpipe.io import run_stage, variant_argument, write_json  # noqa: E402
+from quantpipe.io import run_stage, skipped_model, variant_argument, write_json  # noqa: E402
 from quantpipe.params import load_params  # noqa: E402
 
 PREPARED = Path("data/prepared")
@@ -34,6 +34,11 @@ def main() -> None:
     info = data.load_info(PREPARED)
     x = data.normalize(data.load_split(PREPARED, "test").x, info)
     models = {name: Path(f"models/{name}.onnx") for name in dict.fromkeys((variant, "fp32"))}
+    skipped = skipped_model(models[variant])
+    if skipped:
+        write_json(f"metrics/bench/{variant}.json", {"variant": variant, "skipped": skipped})
+        print(f"bench {variant}: skipped, {skipped}")
+        return
 
     for path in models.values():  # a bad model fails in one line, before the progress bar
         onnxutil.check_input_matches(onnxutil.make_session(path, level=level), info.input_shape,

@@ -9,7 +9,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from quantpipe import criterion, data, evaluate, onnxutil  # noqa: E402
 from quantpipe import machine as machines  # noqa: E402
 from quantpipe.errors import UserError  # noqa: E402
-from quantpipe.io import run_stage, variant_argument, write_json  # noqa: E402
+from quantpipe.io import run_stage, skipped_model, variant_argument, write_json  # noqa: E402
 from quantpipe.params import load_params  # noqa: E402
 
 PREPARED = Path("data/prepared")
@@ -21,6 +21,12 @@ def main() -> None:
     params = load_params()
     p, level = params.evaluate, params.runtime.graph_optimization_level
     path, fp32_path = Path(f"models/{variant}.onnx"), Path("models/fp32.onnx")
+    skipped = skipped_model(path)
+    if skipped:
+        write_json(f"metrics/eval/{variant}.json", {"variant": variant, "skipped": skipped})
+        write_json(f"metrics/plots/confusion_{variant}.json", [])
+        print(f"evaluate {variant}: skipped, {skipped}")
+        return
     model = onnxutil.load_model(path)
     info = data.load_info(PREPARED)
     test = data.load_split(PREPARED, "test")

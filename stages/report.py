@@ -14,6 +14,9 @@ from quantpipe.params import load_params  # noqa: E402
 def main() -> None:
     params = load_params()
     evals = {v: read_json(f"metrics/eval/{v}.json") for v in VARIANTS}
+    qat = read_json("metrics/quantize_qat.json")
+    if "skipped" in qat and "skipped" in evals["qat"]:
+        evals["qat"]["skipped"] = qat["skipped"]  # the reason itself, not "the file is empty"
     benches = {v: read_json(f"metrics/bench/{v}.json") for v in VARIANTS}
     torch_bench = read_json("metrics/bench/torch.json")
     summary = report.build_summary(evals, benches,

@@ -21,6 +21,7 @@ PROJECT_FILES = ("dvc.yaml", "params.yaml", ".dvcignore", ".gitignore", "stages"
 TINY_PARAMS = {
     "prepare": {"calib_size": 64},
     "train": {"model": "simple_cnn", "epochs": 1, "batch_size": 32},
+    "quantize_qat": {"epochs": 1, "batch_size": 32},
     "evaluate": {"batch_size": 64},
     "bench": {"batch_sizes": [1, 8], "warmup": 2, "runs": 10, "rounds": 2},
     "gates": {"enforce": False},

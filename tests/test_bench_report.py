@@ -314,14 +314,16 @@ def _bench(variant, p50s, threads=(1, 2), fp32_p50=FP32_P50, ips=None, peak=None
 def evals():
     return {"fp32": _eval("fp32", 0.98, 1.0, 4_000_000),
             "dynamic": _eval("dynamic", 0.975, 0.99, 1_040_000),
-            "static": _eval("static", 0.97, 0.985, 1_000_000)}
+            "static": _eval("static", 0.97, 0.985, 1_000_000),
+            "qat": _eval("qat", 0.975, 0.99, 1_000_000)}
 
 
 @pytest.fixture
 def benches():
     return {"fp32": _bench("fp32", FP32_P50, threads=(1, 2)),
             "dynamic": _bench("dynamic", {"bs1": 0.16, "bs64": 7.5}, threads=(1, 2)),
-            "static": _bench("static", {"bs1": 0.1, "bs64": 3.2}, threads=(1, 2))}
+            "static": _bench("static", {"bs1": 0.1, "bs64": 3.2}, threads=(1, 2)),
+            "qat": _bench("qat", {"bs1": 0.1, "bs64": 3.3}, threads=(1, 2))}
 
 
 FP32_KEYS = {"accuracy", "size_bytes", "latency_p50_ms", "by_threads", "throughput_ips",
@@ -332,11 +334,11 @@ QUANTIZED_KEYS = FP32_KEYS | {"accuracy_drop_pp", "agreement", "size_ratio", "sp
 
 def test_summary_has_exactly_the_contract_keys(evals, benches):
     summary = report.build_summary(evals, benches)
-    assert set(summary) == {"fp32", "dynamic", "static", "machine"}
+    assert set(summary) == {"fp32", "dynamic", "static", "qat", "machine"}
     assert summary["machine"] == VNNI_MACHINE
     assert set(summary["fp32"]) == FP32_KEYS
-    assert set(summary["dynamic"]) == set(summary["static"]) == QUANTIZED_KEYS
-    for variant in ("fp32", "dynamic", "static"):
+    assert set(summary["dynamic"]) == set(summary["static"]) == set(summary["qat"]) == QUANTIZED_KEYS
+    for variant in ("fp32", "dynamic", "static", "qat"):
         entry = summary[variant]
         assert set(entry["latency_p50_ms"]) == set(entry["peak_rss_mb"]) == {"bs1", "bs64"}
         assert set(entry["by_threads"]) == {"threads1", "threads2"}
@@ -544,11 +546,12 @@ def test_markdown_names_the_machine_and_has_every_section(evals, benches):
     assert text.startswith("# quantpipe results\n\nMeasured on Test CPU, 2 cores; avx2, avx512f, "
                            "avx512_vnni (no avx512bw, avx_vnni, amx_int8); onnxruntime 1.32.0.")
     tables = _tables(text)
-    assert list(tables) == ["2 intra-op threads (all cores)", "Latency by thread count",
+    assert list(tables) == ["2 intra-op threads (all cores)",
+                            "FP32 PyTorch, FP32 ONNX, INT8 PTQ, INT8 QAT", "Latency by thread count",
                             "Throughput, every core busy (2 cores, largest batch)",
                             "Memory and start-up (a fresh process, 2 thread(s))"]
     headline = {row[0]: row for row in tables["2 intra-op threads (all cores)"]}
-    assert list(headline) == ["variant", "fp32", "dynamic", "static"]
+    assert list(headline) == ["variant", "fp32", "dynamic", "static", "qat"]
     assert headline["variant"][6:] == ["p50 bs1 (ms)", "p50 bs64 (ms)", "speedup bs1", "speedup bs64"]
     assert all(len(row) == len(headline["variant"]) for row in headline.values())
     # 2 threads: the fixture's latencies halve, speedups stay.
@@ -557,7 +560,7 @@ def test_markdown_names_the_machine_and_has_every_section(evals, benches):
     assert headline["fp32"][2] == "—"  # no drop/speedup for the baseline
     by_threads = [row[:3] for row in tables["Latency by thread count"][1:]]
     assert by_threads[:2] == [["fp32", "2", "0.100"], ["fp32", "1", "0.200"]]
-    assert len(by_threads) == 6
+    assert len(by_threads) == 8
     throughput = {row[0]: row for row in tables["Throughput, every core busy (2 cores, largest batch)"]}
     assert throughput["static"] == ["static", "2 streams x 1 thread", "50,000", "x2.50"]
     assert throughput["fp32"][3] == "—"
@@ -579,6 +582,44 @@ def test_markdown_shows_torch_in_the_latency_tables_only(evals, benches):
     assert "torch" in sections["Latency by thread count"]
     assert not any("torch" in names for title, names in sections.items()
                    if title.startswith(("Throughput", "Memory")))
+
+
+def test_markdown_compares_the_guides_four_models(evals, benches):
+    torch_bench = {"accuracy": 0.98, "size_bytes": 4_000_000,
+                   "latency": _bench("torch", {"bs1": 0.5, "bs64": 16.0})["latency"]}
+    summary = report.build_summary(evals, benches, torch_bench)
+    rows = _tables(report.render_markdown(summary, []))["FP32 PyTorch, FP32 ONNX, INT8 PTQ, INT8 QAT"]
+    assert rows[0] == ["model", "file", "accuracy", "size (MB)", "p50 bs1 (ms)", "p50 bs64 (ms)",
+                       "speed vs FP32 ONNX, bs64"]
+    assert [r[:4] for r in rows[1:]] == [
+        ["FP32 PyTorch", "`models/model.pt`", "0.9800", "4.00"],
+        ["FP32 ONNX", "`models/fp32.onnx`", "0.9800", "4.00"],
+        ["INT8 ONNX, post-training (PTQ)", "`models/static.onnx`", "0.9700", "1.00"],
+        ["INT8 ONNX, quantization-aware training (QAT)", "`models/qat.onnx`", "0.9750", "1.00"]]
+    assert [r[-1] for r in rows[1:]] == ["x0.50", "x1.00", "x2.50", "x2.42"]
+
+
+def test_a_skipped_variant_has_no_row_and_the_report_says_why(evals, benches):
+    why = "train.model is onnx:inputs/m.onnx: there is no PyTorch model to fine-tune"
+    evals["qat"] = {"variant": "qat", "skipped": why}
+    benches["qat"] = {"variant": "qat", "skipped": "models/qat.onnx is empty"}
+    summary = report.build_summary(evals, benches)
+    assert set(summary) == {"fp32", "dynamic", "static", "machine", "skipped"}
+    assert summary["skipped"] == {"qat": why}
+    assert set(report.variants_of(summary)) == {"fp32", "dynamic", "static"}
+    assert report.check_gates(summary, GatesParams()) == []
+    assert report.slowdown_notes(summary, evals, VNNI_MACHINE) == []
+    text = report.render_markdown(summary, [])
+    assert f"- INT8 ONNX, quantization-aware training (QAT): {why}." in text
+    assert "- FP32 PyTorch: no PyTorch model (brought as ONNX)." in text
+    assert "| qat |" not in text
+
+
+def test_qat_accuracy_drop_is_gated_like_the_other_variants(evals, benches):
+    evals["qat"]["accuracy"] = 0.95
+    failures = report.check_gates(report.build_summary(evals, benches),
+                                  GatesParams(max_accuracy_drop_pp=1.0))
+    assert [f.split()[0] for f in failures] == ["qat"]  # static drops exactly the 1.0 allowed
 
 
 def test_thread_scaling_note_when_the_gain_shrinks_with_threads(evals, benches):

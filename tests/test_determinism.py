@@ -10,7 +10,7 @@ from helpers import content_md5s, lock_md5s
 
 # Every cached data/model output the pipeline writes (metrics carry timings and are not compared).
 OUTPUTS = ("data/prepared", "data/calibration", "models/model.pt", "models/exported.onnx",
-           "models/fp32.onnx", "models/dynamic.onnx", "models/static.onnx")
+           "models/fp32.onnx", "models/dynamic.onnx", "models/static.onnx", "models/qat.onnx")
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,7 @@ from quantpipe import data
 DVC = str(Path(sys.executable).parent / "dvc")
 # Slow enough (~0.25 s an epoch here) to signal train mid-way; still only a few seconds.
 EPOCHS = 8
-MODEL_FILES = ("exported.onnx", "fp32.onnx", "dynamic.onnx", "static.onnx")
+MODEL_FILES = ("exported.onnx", "fp32.onnx", "dynamic.onnx", "static.onnx", "qat.onnx")
 
 
 # --- helpers ----------------------------------------------------------------------------------
@@ -631,7 +631,7 @@ def test_no_stage_command_is_built_from_param_strings():
     for entry in pipeline.get("vars", []):
         assert isinstance(entry, dict), f"dvc.yaml vars imports {entry!r}: commands could use it"
         inline.update(entry)
-    assert inline.get("variants") == ["fp32", "dynamic", "static"]
+    assert inline.get("variants") == ["fp32", "dynamic", "static", "qat"]
     for name, stage in pipeline["stages"].items():
         body = stage.get("do", stage)
         commands = body["cmd"] if isinstance(body["cmd"], list) else [body["cmd"]]
@@ -674,3 +674,38 @@ def test_quantize_static_with_the_nncf_engine(workspace):
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads((workspace / "metrics/eval/static.json").read_text())["agreement"] > 0.9
 
+
+
+def test_quantize_qat_fails_on_parity_naming_the_tolerance_and_keeps_the_last_model(workspace):
+    before = md5(workspace / "models/qat.onnx")
+    set_params(workspace, {"quantize_qat": {"max_abs_diff": 1e-9}})
+    result = run_script(workspace, "quantize_qat")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    line = result.stderr.strip().splitlines()[-1]  # after the fine-tune's progress bars
+    assert line.startswith("error: models/qat.onnx: the exported model differs from the fake-quant "
+                           "PyTorch model")
+    assert "quantize_qat.max_abs_diff = 1e-09" in line and "metrics/quantize_qat.json" in line
+    assert md5(workspace / "models/qat.onnx") == before  # not replaced by the failed export
+    parity = json.loads((workspace / "metrics/quantize_qat.json").read_text())["parity"]
+    assert parity["agreement"] >= 0.99 and parity["max_abs_diff"] > 1e-9
+    assert temp_leftovers(workspace) == []
+
+
+def test_disabled_qat_writes_an_empty_model_and_every_consumer_skips_it(workspace):
+    set_params(workspace, {"quantize_qat": {"enabled": False}})
+    result = run_script(workspace, "quantize_qat")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (workspace / "models/qat.onnx").stat().st_size == 0
+    assert json.loads((workspace / "metrics/quantize_qat.json").read_text()) == {
+        "skipped": "quantize_qat.enabled is false"}
+    for stage, record in (("evaluate", "metrics/eval/qat.json"), ("bench", "metrics/bench/qat.json")):
+        result = run_script(workspace, stage, "qat")
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert json.loads((workspace / record).read_text())["skipped"].startswith(
+            "models/qat.onnx is empty")
+    result = run_script(workspace, "report")
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads((workspace / "metrics/summary.json").read_text())
+    assert "qat" not in summary and summary["skipped"] == {"qat": "quantize_qat.enabled is false"}
+    assert ("- INT8 ONNX, quantization-aware training (QAT): quantize_qat.enabled is false."
+            in (workspace / "metrics/report.md").read_text())

@@ -11,10 +11,12 @@ import pytest
 
 from conftest import PROBE, TINY_PARAMS, make_project, reproduce, set_params
 
+VARIANTS = ("fp32", "dynamic", "static", "qat")
 ALL_STAGES = {PROBE, "prepare", "train", "export", "simplify", "quantize_dynamic", "quantize_static",
-              *(f"{s}@{v}" for s in ("evaluate", "bench") for v in ("fp32", "dynamic", "static")),
+              "quantize_qat", *(f"{s}@{v}" for s in ("evaluate", "bench") for v in VARIANTS),
               "bench_torch", "report"}
 STATIC_BRANCH = {PROBE, "quantize_static", "evaluate@static", "bench@static", "report"}
+QAT_BRANCH = {PROBE, "quantize_qat", "evaluate@qat", "bench@qat", "report"}
 
 
 
@@ -32,15 +34,15 @@ def project(tmp_path_factory) -> tuple[Path, set[str]]:
 def test_first_repro_runs_every_stage_and_writes_the_contract(project):
     repo, ran = project
     assert ran == ALL_STAGES
-    for name in ("model.pt", "exported.onnx", "fp32.onnx", "dynamic.onnx", "static.onnx"):
+    for name in ("model.pt", "exported.onnx", "fp32.onnx", "dynamic.onnx", "static.onnx", "qat.onnx"):
         assert (repo / "models" / name).stat().st_size > 0
     summary = json.loads((repo / "metrics/summary.json").read_text())
-    assert set(summary) == {"fp32", "dynamic", "static", "torch", "machine"}
+    assert set(summary) == {"fp32", "dynamic", "static", "qat", "torch", "machine"}
     cores = summary["machine"]["cores"]
     threads = {f"threads{cores}", "threads1"}  # bench.threads: [all, 1]
     deploy = {"by_threads", "throughput_ips", "throughput_config", "peak_rss_mb", "load_ms"}
     assert set(summary["fp32"]) == {"accuracy", "size_bytes", "latency_p50_ms"} | deploy
-    for variant in ("dynamic", "static"):
+    for variant in ("dynamic", "static", "qat"):
         assert set(summary[variant]) == {"accuracy", "accuracy_drop_pp", "agreement", "size_bytes",
                                          "size_ratio", "latency_p50_ms", "speedup",
                                          "throughput_speedup"} | deploy
@@ -62,7 +64,7 @@ def test_first_repro_runs_every_stage_and_writes_the_contract(project):
     static_eval = json.loads((repo / "metrics/eval/static.json").read_text())
     assert {"fp32_right_int8_wrong", "int8_right_fp32_wrong", "mcnemar_p"} <= set(static_eval)
     assert static_eval["pool"]["samples"] == min(2000, prepared["train_samples"])
-    for variant in ("fp32", "dynamic", "static"):
+    for variant in VARIANTS:
         assert summary[variant]["throughput_ips"] > 0 and summary[variant]["load_ms"] > 0
         assert set(summary[variant]["peak_rss_mb"]) == {"bs1", "bs8"}
         config = summary[variant]["throughput_config"]
@@ -73,6 +75,12 @@ def test_first_repro_runs_every_stage_and_writes_the_contract(project):
     # Even one epoch of the tiny CNN learns the digits: far above the 10% of chance.
     assert summary["fp32"]["accuracy"] > 0.8
     assert summary["static"]["size_ratio"] < 0.5
+    # QAT: the exported model is the fake-quant model (parity on the test split), INT8-sized.
+    qat = json.loads((repo / "metrics/quantize_qat.json").read_text())
+    assert qat["parity"]["samples"] == prepared["test_samples"]
+    assert qat["parity"]["agreement"] >= 0.99 and qat["parity"]["batch_one_max_abs_diff"] < 1e-3
+    assert qat["steps"] > 0 and qat["ops"]["DequantizeLinear"] > 0
+    assert summary["qat"]["size_ratio"] < 0.5 and summary["qat"]["accuracy"] > 0.8
 
 
 def test_second_repro_runs_nothing(project):
@@ -95,10 +103,16 @@ def test_calibrate_method_change_reruns_only_the_static_branch(project):
     assert reproduce(repo) == STATIC_BRANCH
 
 
-def test_calib_size_change_reruns_prepare_and_static_branch_not_train(project):
+def test_calib_size_change_reruns_prepare_and_both_calibrated_branches_not_train(project):
     repo, _ = project
     set_params(repo, {"prepare": {"calib_size": 32}})
-    assert reproduce(repo) == {"prepare"} | STATIC_BRANCH
+    assert reproduce(repo) == {"prepare"} | STATIC_BRANCH | QAT_BRANCH
+
+
+def test_qat_params_change_reruns_only_the_qat_branch(project):
+    repo, _ = project
+    set_params(repo, {"quantize_qat": {"lr": 2e-4, "freeze_bn_after": 10}})
+    assert reproduce(repo) == QAT_BRANCH
 
 
 def test_plots_show_renders_every_plot(project, tmp_path):
@@ -144,9 +158,9 @@ def test_another_machine_re_measures_what_depends_on_it(project):
     # otherwise restore the measurements this repo already made here, which is fine in use).
     ran = reproduce(repo, run_cache=False)
     assert ran == {PROBE, "bench_torch", "report",
-                   *(f"{s}@{v}" for s in ("evaluate", "bench") for v in ("fp32", "dynamic", "static"))}
+                   *(f"{s}@{v}" for s in ("evaluate", "bench") for v in VARIANTS)}
     assert json.loads((repo / "metrics/machine.json").read_text()) == here
-    for variant in ("fp32", "dynamic", "static", "torch"):
+    for variant in (*VARIANTS, "torch"):
         bench = json.loads((repo / f"metrics/bench/{variant}.json").read_text())
         assert bench["machine"] == here
         assert bench["threads"] == ([here["cores"], 1] if here["cores"] > 1 else [1])

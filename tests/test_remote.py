@@ -25,7 +25,7 @@ import pytest
 from conftest import PROBE, ROOT, TINY_PARAMS, dvc, git, make_project, reproduce
 
 BIN = Path(sys.executable).parent
-MODEL_FILES = ("model.pt", "exported.onnx", "fp32.onnx", "dynamic.onnx", "static.onnx")
+MODEL_FILES = ("model.pt", "exported.onnx", "fp32.onnx", "dynamic.onnx", "static.onnx", "qat.onnx")
 REVIEW = ROOT / "scripts" / "review.sh"
 # Secrets a developer keeps in .dvc/config.local; moto accepts any credentials, but without
 # some boto refuses to sign requests ("Unable to locate credentials").

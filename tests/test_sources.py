@@ -224,7 +224,7 @@ def test_pipeline_from_an_image_folder_of_rgb_pngs(tmp_path):
     assert meta["class_names"] == ["class_0", "class_1", "class_2"]
     s = summary(repo)
     assert s["fp32"]["accuracy"] > 0.6  # three colours are easy; chance is 0.33
-    assert set(s) == {"fp32", "dynamic", "static", "torch", "machine"}
+    assert set(s) == {"fp32", "dynamic", "static", "qat", "torch", "machine"}
 
 
 def test_pipeline_with_a_brought_onnx_model(tmp_path):
@@ -243,6 +243,11 @@ def test_pipeline_with_a_brought_onnx_model(tmp_path):
     assert json.loads((repo / "metrics/export.json").read_text())["source"] == "inputs/model.onnx"
     s = summary(repo)
     assert "torch" not in s and s["fp32"]["accuracy"] > 0.5
+    # No PyTorch weights to fine-tune: QAT says so instead of a row, and nothing crashed.
+    why = "train.model is onnx:inputs/model.onnx: there is no PyTorch model to fine-tune"
+    assert json.loads((repo / "metrics/quantize_qat.json").read_text()) == {"skipped": why}
+    assert "qat" not in s and s["skipped"] == {"qat": why}
+    assert f"- INT8 ONNX, quantization-aware training (QAT): {why}." in (repo / "metrics/report.md").read_text()
     assert s["static"]["size_ratio"] < 1.0  # a toy: scales and zero points weigh as much as weights
     # The file is a dependency: replacing it re-runs export and everything after it.
     torch.manual_seed(1)

@@ -1,0 +1,379 @@
+"""Quantization-aware training: fake quantization in the scheme the static variant runs on x86.
+
+The route (measured with torch 2.14, DESIGN.md §3): FX `prepare_qat_fx` with fake-quant ranges
+(0, 255) for activations (U8, asymmetric) and (-128, 127) for weights (S8, symmetric, per
+output channel), the same types ORT's static quantization writes; observers start from the
+calibration set's min/max (ORT's MinMax); a short fine-tune at a low learning rate; BatchNorm
+folded into its convolution, then the TorchScript exporter (`dynamo=False`), which writes each
+fake-quant as a QuantizeLinear/DequantizeLinear pair that ONNX Runtime fuses into
+QLinearConv/QGemm once the graph is written as quantize_static writes QDQ (`as_ort_qdq`).
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import numpy as np
+import onnx
+import torch
+import torch.nn.functional as F
+from onnx import numpy_helper
+from torch import nn
+
+from quantpipe import models
+from quantpipe.errors import UserError
+from quantpipe.onnxutil import INPUT_NAME, OUTPUT_NAME
+
+
+def qconfig_mapping(per_channel: bool):
+    """U8 asymmetric activations, S8 symmetric weights (per output channel or per tensor).
+
+    Moving-average observers, as torch's own QAT defaults: the ranges follow the activations
+    and weights while they train, without one outlier batch widening them for good.
+    (-127, 127), ORT's symmetric weight range, is refused by the exporter; (-128, 127) with
+    scale max|w| / 127.5 is what it accepts.
+    """
+    from torch.ao.quantization import (FakeQuantize, MovingAverageMinMaxObserver,
+                                       MovingAveragePerChannelMinMaxObserver, QConfig,
+                                       QConfigMapping)
+
+    activation = FakeQuantize.with_args(
+        observer=MovingAverageMinMaxObserver, quant_min=0, quant_max=255, dtype=torch.quint8,
+        qscheme=torch.per_tensor_affine, reduce_range=False)
+    if per_channel:
+        weight = FakeQuantize.with_args(
+            observer=MovingAveragePerChannelMinMaxObserver, quant_min=-128, quant_max=127,
+            dtype=torch.qint8, qscheme=torch.per_channel_symmetric, ch_axis=0)
+    else:
+        weight = FakeQuantize.with_args(
+            observer=MovingAverageMinMaxObserver, quant_min=-128, quant_max=127,
+            dtype=torch.qint8, qscheme=torch.per_tensor_symmetric)
+    return QConfigMapping().set_global(QConfig(activation=activation, weight=weight))
+
+
+# ReLU6 (MobileNetV2's activation) has no Conv fusion in torch's native backend config: FX would
+# fake-quantize the Conv output, then ReLU6 with the same range, which ORT runs as
+# Conv -> Q -> DQ -> Clip -> Q, outside QLinearConv. Fused like Conv+BN+ReLU, the only range is
+# the one after ReLU6 (within [0, 6]), so ORT drops the Clip and fuses QLinearConv: the scheme
+# ORT's quantize_static writes for the same FP32 graph.
+class ConvReLU6(torch.ao.nn.intrinsic._FusedModule):
+    def __init__(self, conv: nn.Conv2d, relu: nn.ReLU6) -> None:
+        super().__init__(conv, relu)
+
+
+class ConvBnReLU6(torch.ao.nn.intrinsic._FusedModule):
+    def __init__(self, conv: nn.Conv2d, bn: nn.BatchNorm2d, relu: nn.ReLU6) -> None:
+        super().__init__(conv, bn, relu)
+
+
+class QATConvReLU6(torch.ao.nn.qat.Conv2d, torch.ao.nn.intrinsic._FusedModule):
+    _FLOAT_MODULE = ConvReLU6
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu6(self._conv_forward(x, self.weight_fake_quant(self.weight), self.bias))
+
+
+class QATConvBnReLU6(torch.ao.nn.intrinsic.qat.ConvBn2d):
+    _FLOAT_MODULE = ConvBnReLU6
+    _FLOAT_RELU_MODULE = nn.ReLU6
+    _FUSED_FLOAT_MODULE = ConvReLU6  # what to_float() folds it into
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu6(self._forward(x))
+
+
+def backend_config():
+    """torch's native backend config plus Conv2d(+BatchNorm2d)+ReLU6 fusion."""
+    from torch.ao.quantization.backend_config import (BackendPatternConfig, ObservationType,
+                                                      get_native_backend_config)
+    from torch.ao.quantization.backend_config.native import weighted_op_quint8_dtype_config
+
+    config = get_native_backend_config()
+    dtypes = [weighted_op_quint8_dtype_config]
+    for pattern, fused, qat_module in (
+            ((nn.Conv2d, nn.ReLU6), ConvReLU6, QATConvReLU6),
+            ((nn.Conv2d, nn.BatchNorm2d, nn.ReLU6), ConvBnReLU6, QATConvBnReLU6)):
+        config.set_backend_pattern_config(
+            BackendPatternConfig(pattern).set_dtype_configs(dtypes)
+            .set_fuser_method(lambda is_qat, *modules, fused=fused: fused(*modules))
+            .set_fused_module(fused))
+        config.set_backend_pattern_config(
+            BackendPatternConfig(fused).set_dtype_configs(dtypes).set_qat_module(qat_module))
+        config.set_backend_pattern_config(
+            BackendPatternConfig(qat_module).set_dtype_configs(dtypes)
+            .set_observation_type(ObservationType.OUTPUT_USE_DIFFERENT_OBSERVER_AS_INPUT)
+            .set_root_module(nn.Conv2d)
+            .set_reference_quantized_module(torch.ao.nn.quantized.reference.Conv2d))
+    return config
+
+
+class _Skip(nn.Module):
+    """Stands in for a module that is the identity at inference. Not a torch.nn class, so the
+    FX tracer traces through it and the module leaves no node behind."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def without_train_only_modules(model: nn.Module) -> int:
+    """Replace dropout and stochastic depth with nothing; returns how many were replaced.
+
+    Traced in training mode they would stay in the graph for good (stochastic depth's
+    `training` flag becomes a constant), and dropout's output would get a fake-quant range of
+    its own, stretched by training's 1 / (1 - p) rescaling: a requantization at run time that
+    the static model does not have. The fine-tune is short and at a low learning rate; it
+    does without them.
+    """
+    kinds = [nn.modules.dropout._DropoutNd]
+    try:
+        from torchvision.ops import StochasticDepth
+        kinds.append(StochasticDepth)
+    except ImportError:
+        pass
+    replaced = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, tuple(kinds)):
+                setattr(parent, name, _Skip())
+                replaced += 1
+    return replaced
+
+
+def prepare(model: nn.Module, input_shape: tuple[int, ...], per_channel: bool,
+            name: str) -> torch.fx.GraphModule:
+    """The model with fake quantization inserted (Conv+BN(+ReLU) fused into QAT modules)."""
+    from torch.ao.quantization.quantize_fx import prepare_qat_fx
+
+    model.train()
+    example = (torch.zeros((1, *input_shape)),)
+    try:
+        with warnings.catch_warnings():
+            # torch.ao's deprecation notice (FX quantization is in maintenance in favour of
+            # torchao's pt2e, whose models the ONNX exporter does not yet write as QDQ).
+            warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.filterwarnings("ignore", message=".*torch.ao.quantization.*deprecated")
+            return prepare_qat_fx(model, qconfig_mapping(per_channel), example,
+                                  backend_config=backend_config())
+    except Exception as e:  # symbolic tracing fails on data-dependent control flow
+        raise UserError(f"train.model = {name!r}: torch.fx cannot trace it for quantization-aware "
+                        f"training ({type(e).__name__}: {str(e).splitlines()[0][:160]}); set "
+                        "quantize_qat.enabled: false") from None
+
+
+def fake_quants(model: nn.Module) -> list[nn.Module]:
+    from torch.ao.quantization import FakeQuantizeBase
+
+    return [m for m in model.modules() if isinstance(m, FakeQuantizeBase)]
+
+
+@torch.no_grad()
+def calibrate(qmodel: nn.Module, x: np.ndarray, batch_size: int) -> None:
+    """Start every fake-quant range from the calibration set: min/max over all of it.
+
+    A moving-average observer would weigh the last batches most, so each one is swapped for
+    a MinMaxObserver of the same type for this pass and given back its min/max after. Weight
+    observers see the weights once; that sets them exactly. The ranges are then fixed until
+    `finetune` lets them follow the training batches.
+    """
+    from torch.ao.quantization import (MinMaxObserver, disable_fake_quant, disable_observer,
+                                       enable_fake_quant, enable_observer)
+
+    swapped = []
+    for fq in fake_quants(qmodel):
+        observer = fq.activation_post_process
+        if type(observer).__name__ == "MovingAverageMinMaxObserver":
+            fq.activation_post_process = MinMaxObserver(
+                dtype=observer.dtype, qscheme=observer.qscheme, quant_min=observer.quant_min,
+                quant_max=observer.quant_max)
+            swapped.append((fq, observer))
+    was_training = qmodel.training
+    qmodel.eval()  # BatchNorm's running statistics stay those of the trained model
+    qmodel.apply(enable_observer)
+    qmodel.apply(disable_fake_quant)
+    for i in range(0, len(x), batch_size):
+        qmodel(torch.from_numpy(x[i:i + batch_size]))
+    for fq, observer in swapped:
+        seen = fq.activation_post_process
+        observer.min_val, observer.max_val = seen.min_val, seen.max_val
+        fq.activation_post_process = observer
+        scale, zero_point = observer.calculate_qparams()
+        fq.scale.resize_(scale.shape).copy_(scale)
+        fq.zero_point.resize_(zero_point.shape).copy_(zero_point)
+    qmodel.apply(enable_fake_quant)
+    qmodel.apply(disable_observer)  # until training: an evaluation pass must not move them
+    qmodel.train(was_training)
+
+
+def finetune(qmodel: nn.Module, train_x: np.ndarray, train_y: np.ndarray, val_x: np.ndarray,
+             val_y: np.ndarray, *, epochs: int, batch_size: int, lr: float, max_shift: int,
+             seed: int, freeze_bn_after: int | None, freeze_observers_after: int | None,
+             progress: bool = True) -> tuple[list, int]:
+    """Train with fake quantization (models.train_model); returns its per-epoch stats and the
+    number of optimizer steps.
+
+    The fake-quant ranges follow the training batches only (the per-epoch validation pass
+    leaves them be) until `freeze_observers_after` optimizer steps; BatchNorm normalizes with
+    batch statistics until `freeze_bn_after` steps, then with its running statistics, as at
+    inference. Ranges are frozen at the end either way.
+    """
+    from torch.ao.quantization import disable_observer
+
+    quantizers = fake_quants(qmodel)
+    observing, steps = [True], [0]
+
+    def observe_in_training_only(module: nn.Module, args: tuple) -> None:
+        for fq in quantizers:
+            fq.observer_enabled.fill_(int(module.training and observing[0]))
+
+    def on_step(model: nn.Module, step: int) -> None:
+        steps[0] = step
+        if step == freeze_bn_after:
+            freeze_batch_norms(model)
+        if step == freeze_observers_after:
+            observing[0] = False
+
+    on_step(qmodel, 0)  # a limit of 0 steps: frozen from the start
+    hook = qmodel.register_forward_pre_hook(observe_in_training_only)
+    try:
+        history = models.train_model(qmodel, train_x, train_y, val_x, val_y, epochs=epochs,
+                                     batch_size=batch_size, lr=lr, max_shift=max_shift,
+                                     seed=seed, progress=progress, on_step=on_step)
+    finally:
+        hook.remove()
+        qmodel.apply(disable_observer)
+        freeze_batch_norms(qmodel)
+    return history, steps[0]
+
+
+def freeze_batch_norms(qmodel: nn.Module) -> None:
+    """Every Conv+BN QAT module normalizes with its running statistics from now on (torch's
+    `freeze_bn_stats` skips subclasses such as QATConvBnReLU6)."""
+    from torch.ao.nn.intrinsic.qat.modules.conv_fused import _ConvBnNd
+
+    for module in qmodel.modules():
+        if isinstance(module, _ConvBnNd):
+            module.freeze_bn_stats()
+
+
+def fold_batch_norms(qmodel: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Each QAT Conv+BN(+ReLU) becomes a QAT Conv(+ReLU) with the BN folded into its weights
+    and bias, keeping its trained weight fake-quant, as inference runs it.
+
+    In eval mode the QAT module computes conv(x, fq(w * g/s)) / (g/s) + b, then BN; with
+    g/s folded into w that is conv(x, fq(w_folded)) + b_folded: the same function up to float
+    rounding, but a plain DequantizeLinear -> Conv that ORT fuses into QLinearConv (unfolded,
+    the export keeps Div and BatchNormalization between Conv and its QuantizeLinear).
+    """
+    from torch.ao.nn.intrinsic.qat.modules.conv_fused import _ConvBnNd
+    from torch.ao.quantization.quantization_mappings import get_default_qat_module_mappings
+
+    qat_class = {**get_default_qat_module_mappings(), ConvReLU6: QATConvReLU6}
+    for name, module in list(qmodel.named_modules()):
+        if not isinstance(module, _ConvBnNd):
+            continue
+        folded = module.to_float()  # nn.ConvNd or nni.ConvReLUNd, BN folded with running stats
+        for part in folded.modules():  # from_float reads it from the conv inside a fused pair
+            part.qconfig = module.qconfig
+        replacement = qat_class[type(folded)].from_float(folded)
+        replacement.weight_fake_quant = module.weight_fake_quant  # the trained weight range
+        replacement.train(False)
+        parent_name, _, child = name.rpartition(".")
+        setattr(qmodel.get_submodule(parent_name) if parent_name else qmodel, child, replacement)
+    return qmodel
+
+
+def export_qdq(qmodel: nn.Module, input_shape: tuple[int, ...], opset: int) -> onnx.ModelProto:
+    """TorchScript export (the dynamo exporter has no fake-quant -> QDQ lowering) with a dynamic
+    batch axis, then written the way ORT's quantize_static writes QDQ (`as_ort_qdq`)."""
+    qmodel.eval()
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(qmodel, (torch.zeros((1, *input_shape)),), buffer, dynamo=False,
+                          opset_version=opset, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+                          dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}})
+    return as_ort_qdq(onnx.load_from_string(buffer.getvalue()))
+
+
+def as_ort_qdq(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The exported QDQ graph in the form ORT's quantize_static writes, the same function:
+
+    - constants shared through Identity nodes are read from their initializer directly, and
+      per-tensor scales and zero points are scalars (the exporter writes shape [1]): ORT's
+      QDQ selectors for Add, Mul, ... take only scalar constants, so without this a residual
+      Add runs in float between DequantizeLinear and QuantizeLinear;
+    - weights are stored as int8 (`_store_weights_int8`): a quarter of the size.
+    """
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    aliases = {n.output[0]: n.input[0] for n in graph.node
+               if n.op_type == "Identity" and n.input[0] in inits}
+    kept = [n for n in graph.node if not (n.op_type == "Identity" and n.output[0] in aliases)]
+    for node in kept:
+        for k, name in enumerate(node.input):
+            node.input[k] = aliases.get(name, name)
+    _replace_nodes(graph, kept)
+    scalars = {}
+    for node in graph.node:
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear") and len(node.input) == 3:
+            for k in (1, 2):
+                init = inits.get(node.input[k])
+                if init is not None and list(init.dims) == [1]:
+                    name = f"{init.name}.scalar"
+                    scalars[name] = numpy_helper.from_array(numpy_helper.to_array(init).reshape(()), name)
+                    node.input[k] = name
+    graph.initializer.extend(scalars.values())
+    _store_weights_int8(graph)
+    used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+    live = [i for i in graph.initializer if i.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(live)
+    return model
+
+
+def _replace_nodes(graph: onnx.GraphProto, nodes: list) -> None:
+    kept = list(nodes)  # copies: clearing the graph's list invalidates views into it
+    del graph.node[:]
+    graph.node.extend(kept)
+
+
+def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+    return {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+
+
+def _store_weights_int8(graph: onnx.GraphProto) -> None:
+    """Replace each float initializer -> QuantizeLinear with the int8 initializer it computes.
+
+    The values are fake quantization's, computed as torch does (round-half-even of w * (1 /
+    scale), plus the zero point, saturated), so DequantizeLinear gives back exactly the weights
+    the PyTorch model ran with.
+    """
+    values = _constants(graph)
+    kept = []
+    for node in graph.node:
+        w, scale, zero_point = ([values.get(i) for i in node.input] + [None] * 3)[:3]
+        if node.op_type != "QuantizeLinear" or any(v is None for v in (w, scale, zero_point)):
+            kept.append(node)
+            continue
+        if scale.size > 1:  # per channel: broadcast along `axis`
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+            shape = [1] * w.ndim
+            shape[axis] = -1
+            scale, zero_point = scale.reshape(shape), zero_point.reshape(shape)
+        info = np.iinfo(zero_point.dtype)
+        inverse = (np.float32(1.0) / scale.astype(np.float32)).astype(np.float32)
+        q = np.rint(w.astype(np.float32) * inverse) + zero_point.astype(np.int64)
+        graph.initializer.append(numpy_helper.from_array(
+            np.clip(q, info.min, info.max).astype(zero_point.dtype), node.output[0]))
+    _replace_nodes(graph, kept)
+
+
+def output_step(model: onnx.ModelProto) -> float | None:
+    """The quantization step of the model's output: the scale of the DequantizeLinear that
+    produces it, or None when the output is not quantized."""
+    values = _constants(model.graph)
+    producer = next((n for n in model.graph.node if OUTPUT_NAME in n.output), None)
+    if producer is None or producer.op_type != "DequantizeLinear" or producer.input[1] not in values:
+        return None
+    return float(values[producer.input[1]].max())

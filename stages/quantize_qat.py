@@ -1,0 +1,111 @@
+"""quantize_qat: models/model.pt fine-tuned with fake quantization -> models/qat.onnx (QDQ INT8).
+
+The fourth variant, for when post-training quantization loses too much: the trained model is
+fine-tuned for quantize_qat.epochs with U8/S8 fake quantization whose ranges start from
+data/calibration, its BatchNorm folded, and exported as QDQ (quantpipe.qat). The exported model
+must agree with the fake-quant PyTorch model on the test split. A model brought as ONNX has no
+PyTorch weights to fine-tune: then, or with quantize_qat.enabled: false, models/qat.onnx is
+written empty and the metrics say why (evaluate@qat, bench@qat and report follow suit).
+"""
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from quantpipe import data, models, onnxutil, qat  # noqa: E402
+from quantpipe.errors import UserError  # noqa: E402
+from quantpipe.io import run_stage, write_bytes, write_json  # noqa: E402
+from quantpipe.params import load_params  # noqa: E402
+
+PREPARED = Path("data/prepared")
+CALIBRATION = Path("data/calibration")
+MODEL = Path("models/model.pt")
+QAT = Path("models/qat.onnx")
+METRICS = Path("metrics/quantize_qat.json")
+
+
+def skip(reason: str) -> None:
+    write_bytes(QAT, b"")
+    write_json(METRICS, {"skipped": reason})
+    print(f"quantize_qat: skipped, {reason}")
+
+
+def main() -> None:
+    params = load_params()
+    p, level = params.quantize_qat, params.runtime.graph_optimization_level
+    name = params.train.model
+    if not p.enabled:
+        return skip("quantize_qat.enabled is false")
+    if models.onnx_source(name):
+        return skip(f"train.model is {name}: there is no PyTorch model to fine-tune")
+    info = data.load_info(PREPARED)
+    train, val, test = (data.load_split(PREPARED, s) for s in ("train", "val", "test"))
+    calib = data.load_split(CALIBRATION, "calib")
+    x_test = data.normalize(test.x, info)
+
+    start = time.perf_counter()
+    torch.manual_seed(params.seed)
+    model = models.load_weights(
+        models.build_model(name, info.channels, info.image_size, info.num_classes), MODEL)
+    removed = qat.without_train_only_modules(model)
+    qmodel = qat.prepare(model, info.input_shape, p.per_channel, name)
+    qat.calibrate(qmodel, data.normalize(calib.x, info), p.calib_batch_size)
+    x_val = data.normalize(val.x, info)
+    # What fake quantization with calibrated ranges alone gives (PTQ in PyTorch): the baseline
+    # the fine-tune has to improve on.
+    before = float((models.predict_torch(qmodel, x_val).argmax(1) == val.y).mean())
+    history, steps = qat.finetune(
+        qmodel, data.normalize(train.x, info), train.y, x_val, val.y, epochs=p.epochs,
+        batch_size=p.batch_size, lr=p.lr, max_shift=params.train.max_shift, seed=params.seed,
+        freeze_bn_after=p.freeze_bn_after, freeze_observers_after=p.freeze_observers_after)
+    trained = models.predict_torch(qmodel, x_test)  # the fake-quant model as trained
+    qmodel = qat.fold_batch_norms(qmodel)
+    expected = models.predict_torch(qmodel, x_test)  # ... and as exported (BN folded)
+    proto = qat.export_qdq(qmodel, info.input_shape, params.export.opset)
+    blob = onnxutil.check_and_serialize(proto, str(QAT))
+    seconds = round(time.perf_counter() - start, 2)
+
+    session = onnxutil.make_session(blob, level=level)
+    got_one = onnxutil.run_batched(session, x_test[:8], batch_size=1)  # the batch axis is dynamic
+    got = onnxutil.run_batched(session, x_test)
+    diff = np.abs(got.astype(np.float64) - expected)
+    parity = {
+        "samples": len(x_test), "max_abs_diff": round(float(diff.max()), 6),
+        "mean_abs_diff": round(float(diff.mean()), 6),
+        "batch_one_max_abs_diff": round(onnxutil.max_abs_diff(got_one, got[:8]), 6),
+        "output_step": qat.output_step(proto),
+        "agreement": round(float((got.argmax(1) == expected.argmax(1)).mean()), 6),
+        # Folding BatchNorm changes float rounding only.
+        "fold_agreement": round(float((expected.argmax(1) == trained.argmax(1)).mean()), 6)}
+    metrics = {
+        "model": name, "epochs": p.epochs, "lr": p.lr, "per_channel": p.per_channel,
+        "steps": steps,
+        "freeze_bn_after": p.freeze_bn_after, "freeze_observers_after": p.freeze_observers_after,
+        "train_only_modules_removed": removed, "calib_samples": len(calib.y),
+        "val_accuracy_calibrated": round(before, 6), "val_accuracy": history[-1].val_accuracy,
+        "test_accuracy": round(float((got.argmax(1) == test.y).mean()), 6),
+        "epoch_seconds": [h.seconds for h in history], "seconds": seconds,
+        "parity": parity, "size_bytes": len(blob), "ops": onnxutil.op_counts(proto)}
+    if parity["agreement"] < p.min_agreement or parity["max_abs_diff"] > p.max_abs_diff:
+        write_json(METRICS, metrics)  # what the user reads to judge the failure
+        raise UserError(
+            f"{QAT}: the exported model differs from the fake-quant PyTorch model on "
+            f"{len(x_test)} test images (max |logit diff| {parity['max_abs_diff']:.3g}, "
+            f"agreement {parity['agreement']:.2%}; quantize_qat.max_abs_diff = {p.max_abs_diff}, "
+            f"min_agreement = {p.min_agreement}); see {METRICS}")
+    write_bytes(QAT, blob)
+    write_json(METRICS, metrics)
+    print(f"quantize_qat: {name}, {p.epochs} epoch(s) at lr {p.lr:g}: val accuracy "
+          f"{before:.4f} calibrated -> {history[-1].val_accuracy:.4f} fine-tuned; exported parity "
+          f"max |diff| {parity['max_abs_diff']:.3g}, agreement {parity['agreement']:.2%} "
+          f"({seconds:.1f}s) -> {QAT}")
+
+
+if __name__ == "__main__":
+    run_stage(main)

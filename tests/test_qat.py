@@ -1,0 +1,251 @@
+"""Quantization-aware training (quantpipe.qat) on tiny models: the fake-quant scheme, ranges from
+the calibration set, freezing, BatchNorm folding, and an export that equals the fake-quant model
+and runs on ORT's INT8 kernels."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import numpy_helper
+from torch import nn
+
+from helpers import OPSET, info_for, structured_images, trained_on
+from quantpipe import data, onnxutil, qat
+from quantpipe.errors import UserError
+
+SHAPE = (1, 12, 12)
+ALL = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+NONE = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+
+
+class BlockNet(nn.Module):
+    """Conv-BN-ReLU6 -> Conv-BN-ReLU with a residual Add -> dropout -> Linear: the patterns of
+    MobileNetV2 and ResNet in a few hundred weights."""
+
+    def __init__(self, num_classes: int = 4) -> None:
+        super().__init__()
+        self.conv1, self.bn1, self.act1 = nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU6()
+        self.conv2, self.bn2 = nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.relu = nn.ReLU()
+        self.pool = nn.AdaptiveAvgPool2d(2)
+        self.drop = nn.Dropout(0.5)
+        self.fc = nn.Linear(32, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.act1(self.bn1(self.conv1(x)))
+        x = self.relu(x + self.bn2(self.conv2(x)))
+        return self.fc(self.drop(torch.flatten(self.pool(x), 1)))
+
+
+@pytest.fixture(scope="module")
+def digits():
+    split = structured_images(96)
+    info = info_for(split)
+    return split, data.normalize(split.x, info)
+
+
+def trained_block(x: np.ndarray, y: np.ndarray) -> BlockNet:
+    torch.manual_seed(0)
+    return trained_on(BlockNet(), x, y, steps=20, lr=0.02)
+
+
+def prepared(x: np.ndarray, y: np.ndarray, per_channel: bool = True) -> torch.fx.GraphModule:
+    model = trained_block(x, y)
+    qat.without_train_only_modules(model)
+    qmodel = qat.prepare(model, SHAPE, per_channel, "block_net")
+    qat.calibrate(qmodel, x[:64], batch_size=16)
+    return qmodel
+
+
+def finetuned(x: np.ndarray, y: np.ndarray, **freeze) -> torch.fx.GraphModule:
+    qmodel = prepared(x, y)
+    qat.finetune(qmodel, x, y, x[:16], y[:16], epochs=1, batch_size=16, lr=1e-3, max_shift=0,
+                 seed=0, progress=False, **{"freeze_bn_after": 2, "freeze_observers_after": None,
+                                            **freeze})
+    return qmodel
+
+
+def logits(model: nn.Module, x: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return model.eval()(torch.from_numpy(x)).numpy()
+
+
+def optimized_ops(model: onnx.ModelProto, tmp_path) -> list[str]:
+    """The op types ORT runs after its graph optimizations (what the bench times)."""
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    options.log_severity_level = 3
+    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
+
+
+def test_fake_quant_scheme_is_the_static_variants_x86_scheme(digits):
+    split, x = digits
+    for per_channel, weight_scheme in ((True, torch.per_channel_symmetric),
+                                       (False, torch.per_tensor_symmetric)):
+        qmodel = prepared(x, split.y, per_channel)
+        weights = [m for name, m in qmodel.named_modules() if name.endswith("weight_fake_quant")]
+        activations = [m for m in qat.fake_quants(qmodel) if m not in weights]
+        assert len(weights) == 3 and activations
+        for fq in activations:  # U8, asymmetric
+            assert (fq.dtype, fq.quant_min, fq.quant_max, fq.qscheme) == \
+                (torch.quint8, 0, 255, torch.per_tensor_affine)
+        for fq in weights:  # S8, symmetric
+            assert (fq.dtype, fq.quant_min, fq.quant_max, fq.qscheme) == \
+                (torch.qint8, -128, 127, weight_scheme)
+            assert int(fq.zero_point.abs().max()) == 0
+
+
+def test_ranges_start_from_the_whole_calibration_set(digits):
+    split, x = digits
+    qmodel = prepared(x, split.y)
+    first = qmodel.activation_post_process_0  # the model input's fake quant
+    calib = x[:64]
+    lo, hi = min(float(calib.min()), 0.0), max(float(calib.max()), 0.0)
+    assert float(first.scale) == pytest.approx((hi - lo) / 255, rel=1e-6)
+    # MinMax over every batch, not a moving average that favours the last ones.
+    assert float(first.activation_post_process.min_val) == pytest.approx(float(calib.min()))
+    assert type(first.activation_post_process).__name__ == "MovingAverageMinMaxObserver"
+
+
+def ranges(qmodel: nn.Module) -> list[float]:
+    return [float(fq.scale.max()) for fq in qat.fake_quants(qmodel)]
+
+
+def test_ranges_follow_training_batches_only(digits):
+    split, x = digits
+    qmodel = prepared(x, split.y)
+    before = ranges(qmodel)
+    logits(qmodel, x * 3)  # an evaluation pass with wider inputs moves nothing
+    assert ranges(qmodel) == before
+    # Nor do finetune's validation passes: other validation images, the same ranges.
+    after = []
+    for val_x in (x[:16], x[:16] * 3):
+        qmodel = prepared(x, split.y)
+        qat.finetune(qmodel, x, split.y, val_x, split.y[:16], epochs=1, batch_size=16, lr=1e-3,
+                     max_shift=0, seed=0, progress=False, freeze_bn_after=None,
+                     freeze_observers_after=None)
+        after.append(ranges(qmodel))
+    assert after[0] == after[1] != before
+
+
+def test_ranges_and_batch_norm_freeze_on_schedule(digits):
+    split, x = digits
+    qmodel = prepared(x, split.y)
+    before = ranges(qmodel)
+    # Frozen from step 0: neither ranges nor BatchNorm statistics move while the weights train.
+    bn_mean = qmodel.conv1.bn.running_mean.clone()
+    weight = qmodel.fc.weight.detach().clone()
+    qat.finetune(qmodel, x, split.y, x[:16], split.y[:16], epochs=1, batch_size=16, lr=1e-3,
+                 max_shift=0, seed=0, progress=False, freeze_bn_after=0, freeze_observers_after=0)
+    assert ranges(qmodel) == before
+    assert torch.equal(qmodel.conv1.bn.running_mean, bn_mean)
+    assert not torch.equal(qmodel.fc.weight, weight)
+
+
+def test_unfrozen_ranges_and_batch_norm_move_with_training(digits):
+    split, x = digits
+    qmodel = prepared(x, split.y)
+    before = ranges(qmodel)
+    bn_mean = qmodel.conv1.bn.running_mean.clone()
+    steps = qat.finetune(qmodel, x, split.y, x[:16], split.y[:16], epochs=1, batch_size=16,
+                         lr=1e-3, max_shift=0, seed=0, progress=False, freeze_bn_after=None,
+                         freeze_observers_after=None)[1]
+    assert steps == 6  # 96 samples in batches of 16
+    assert ranges(qmodel) != before
+    assert not torch.equal(qmodel.conv1.bn.running_mean, bn_mean)
+
+
+def test_folding_batch_norm_keeps_the_function(digits):
+    split, x = digits
+    qmodel = finetuned(x, split.y)
+    trained = logits(qmodel, x)
+    folded = qat.fold_batch_norms(qmodel)
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in folded.modules())
+    assert (logits(folded, x).argmax(1) == trained.argmax(1)).mean() >= 0.99
+    assert onnxutil.max_abs_diff(logits(folded, x), trained) < 0.05
+
+
+def test_export_equals_the_fake_quant_model_and_runs_on_int8_kernels(digits, tmp_path):
+    split, x = digits
+    qmodel = qat.fold_batch_norms(finetuned(x, split.y))
+    expected = logits(qmodel, x)
+    model = qat.export_qdq(qmodel, SHAPE, OPSET)
+    onnx.checker.check_model(model)
+    step = qat.output_step(model)
+    for level in (NONE, ALL):  # the QDQ graph as written, and as ORT fuses it
+        got = onnxutil.run_batched(onnxutil.make_session(model.SerializeToString(), level=level), x)
+        assert (got.argmax(1) == expected.argmax(1)).mean() >= 0.99
+        assert onnxutil.max_abs_diff(got, expected) <= 2 * step + 1e-6
+    ops = optimized_ops(model, tmp_path)
+    # ReLU6 and the residual Add fused too: nothing but the input's Q and output's DQ in float.
+    assert ops.count("QLinearConv") == 2 and "QLinearAdd" in ops and "QGemm" in ops
+    assert not {"Conv", "Clip", "Add", "Gemm", "BatchNormalization"} & set(ops)
+    assert ops.count("QuantizeLinear") == 1 and ops.count("DequantizeLinear") == 1
+    # The batch axis is dynamic.
+    session = onnxutil.make_session(model.SerializeToString(), level=ALL)
+    assert onnxutil.check_input_matches(session, SHAPE, "qat") == onnxutil.INPUT_NAME
+
+
+def test_weights_are_stored_int8_and_dequantize_to_the_fake_quant_weights(digits):
+    split, x = digits
+    qmodel = qat.fold_batch_norms(finetuned(x, split.y))
+    model = qat.export_qdq(qmodel, SHAPE, OPSET)
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    weights = {n.input[0]: n for n in model.graph.node
+               if n.op_type == "DequantizeLinear" and inits.get(n.input[0]) is not None
+               and inits[n.input[0]].dtype == np.int8}
+    assert len(weights) == 3  # conv1, conv2, fc
+    assert not [i for i in model.graph.initializer if i.data_type == onnx.TensorProto.FLOAT
+                and np.prod(i.dims) >= 64]  # no float weight left behind
+    for module in (qmodel.conv1, qmodel.conv2, qmodel.fc):
+        with torch.no_grad():
+            want = module.weight_fake_quant(module.weight).numpy()
+        q, node = next((inits[name], n) for name, n in weights.items() if inits[name].shape == want.shape)
+        scale = inits[node.input[1]].reshape(-1, *[1] * (q.ndim - 1))
+        assert np.array_equal(q.astype(np.float32) * scale, want)
+
+
+def test_train_only_modules_leave_no_node(digits):
+    model = BlockNet()
+    assert qat.without_train_only_modules(model) == 1
+    graph = qat.prepare(model, SHAPE, True, "block_net").graph
+    assert not [n for n in graph.nodes if "drop" in str(n.target)]
+
+
+def test_a_model_fx_cannot_trace_is_a_clear_error():
+    class Branchy(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(144, 4)
+
+        def forward(self, x):
+            if x.sum() > 0:  # data-dependent control flow
+                x = -x
+            return self.fc(torch.flatten(x, 1))
+
+    with pytest.raises(UserError, match="train.model = 'branchy': torch.fx cannot trace it.*"
+                                        "quantize_qat.enabled: false"):
+        qat.prepare(Branchy(), SHAPE, True, "branchy")
+
+
+def test_the_torchvision_families_export_fused(tmp_path):
+    """MobileNetV2 (ReLU6) and ResNet (residual Add) at a tiny size: every Conv on QLinearConv."""
+    import torchvision
+
+    for name in ("mobilenet_v2", "resnet18"):
+        torch.manual_seed(0)
+        model = torchvision.models.get_model(name, weights=None, num_classes=4).eval()
+        x = np.random.default_rng(0).standard_normal((8, 3, 32, 32)).astype(np.float32)
+        qat.without_train_only_modules(model)
+        qmodel = qat.prepare(model, (3, 32, 32), True, name)
+        qat.calibrate(qmodel, x, batch_size=8)
+        qmodel = qat.fold_batch_norms(qmodel.eval())
+        buffer = io.BytesIO(qat.export_qdq(qmodel, (3, 32, 32), OPSET).SerializeToString())
+        ops = optimized_ops(onnx.load(buffer), tmp_path)
+        assert "QLinearConv" in ops and not {"Conv", "Clip", "BatchNormalization"} & set(ops), name
