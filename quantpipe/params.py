@@ -260,9 +260,9 @@ class QuantizeQATParams:
     freeze_observers_after: int | None = None
     # Samples per batch of the calibration pass that starts the ranges (min/max, as MinMax).
     calib_batch_size: int = 32
-    # Parity of models/qat.onnx against the fake-quant PyTorch model on the test split: logits
-    # differ by rounding flips (one output step, ~0.1-0.4 logits, more in deep models); a wrong
-    # export differs by whole logits and in its predictions.
+    # Parity of models/qat.onnx, its QDQ graph run as written, against the fake-quant PyTorch
+    # model on the test split: rounding flips move logits by a few output steps (0.1-0.4 here);
+    # a wrong export differs by whole logits and in its predictions.
     max_abs_diff: float = 1.0
     min_agreement: float = 0.99
 

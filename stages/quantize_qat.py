@@ -17,6 +17,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+from onnxruntime import GraphOptimizationLevel  # noqa: E402
 
 from quantpipe import data, models, onnxutil, qat  # noqa: E402
 from quantpipe.errors import UserError  # noqa: E402
@@ -28,6 +29,14 @@ CALIBRATION = Path("data/calibration")
 MODEL = Path("models/model.pt")
 QAT = Path("models/qat.onnx")
 METRICS = Path("metrics/quantize_qat.json")
+
+
+def compare(got: np.ndarray, expected: np.ndarray) -> dict:
+    """Logit differences and top-1 agreement of (N, K) logits against a reference."""
+    diff = np.abs(got.astype(np.float64) - expected)
+    return {"samples": len(got), "max_abs_diff": round(float(diff.max()), 6),
+            "mean_abs_diff": round(float(diff.mean()), 6),
+            "agreement": round(float((got.argmax(1) == expected.argmax(1)).mean()), 6)}
 
 
 def skip(reason: str) -> None:
@@ -71,31 +80,34 @@ def main() -> None:
     blob = onnxutil.check_and_serialize(proto, str(QAT))
     seconds = round(time.perf_counter() - start, 2)
 
-    session = onnxutil.make_session(blob, level=level)
-    got_one = onnxutil.run_batched(session, x_test[:8], batch_size=1)  # the batch axis is dynamic
-    got = onnxutil.run_batched(session, x_test)
-    diff = np.abs(got.astype(np.float64) - expected)
-    parity = {
-        "samples": len(x_test), "max_abs_diff": round(float(diff.max()), 6),
-        "mean_abs_diff": round(float(diff.mean()), 6),
-        "batch_one_max_abs_diff": round(onnxutil.max_abs_diff(got_one, got[:8]), 6),
-        "output_step": qat.output_step(proto),
-        "agreement": round(float((got.argmax(1) == expected.argmax(1)).mean()), 6),
-        # Folding BatchNorm changes float rounding only.
-        "fold_agreement": round(float((expected.argmax(1) == trained.argmax(1)).mean()), 6)}
+    # The export hop: the QDQ graph as written (ORT_DISABLE_ALL runs its QuantizeLinear,
+    # DequantizeLinear and float ops one by one, the fake-quant model's arithmetic) against
+    # the fake-quant model. At the deployed level ORT fuses the pairs into integer kernels
+    # whose requantization rounds differently, one step here and there in every layer: that
+    # is recorded too, as `deployed`, and judged by evaluate@qat against FP32 like static.
+    exact = onnxutil.make_session(blob, level=GraphOptimizationLevel.ORT_DISABLE_ALL)
+    got = onnxutil.run_batched(exact, x_test)
+    deployed = onnxutil.make_session(blob, level=level)
+    fused = onnxutil.run_batched(deployed, x_test)
+    got_one = onnxutil.run_batched(deployed, x_test[:8], batch_size=1)  # the batch axis is dynamic
+    parity = {**compare(got, expected), "output_step": qat.output_step(proto),
+              "deployed": {**compare(fused, expected), "level": level.name},
+              "batch_one_max_abs_diff": round(onnxutil.max_abs_diff(got_one, fused[:8]), 6),
+              # Folding BatchNorm changes float rounding only.
+              "fold_agreement": compare(expected, trained)["agreement"]}
     metrics = {
         "model": name, "epochs": p.epochs, "lr": p.lr, "per_channel": p.per_channel,
         "steps": steps,
         "freeze_bn_after": p.freeze_bn_after, "freeze_observers_after": p.freeze_observers_after,
         "train_only_modules_removed": removed, "calib_samples": len(calib.y),
         "val_accuracy_calibrated": round(before, 6), "val_accuracy": history[-1].val_accuracy,
-        "test_accuracy": round(float((got.argmax(1) == test.y).mean()), 6),
+        "test_accuracy": round(float((fused.argmax(1) == test.y).mean()), 6),
         "epoch_seconds": [h.seconds for h in history], "seconds": seconds,
         "parity": parity, "size_bytes": len(blob), "ops": onnxutil.op_counts(proto)}
     if parity["agreement"] < p.min_agreement or parity["max_abs_diff"] > p.max_abs_diff:
         write_json(METRICS, metrics)  # what the user reads to judge the failure
         raise UserError(
-            f"{QAT}: the exported model differs from the fake-quant PyTorch model on "
+            f"{QAT}: the exported QDQ graph differs from the fake-quant PyTorch model on "
             f"{len(x_test)} test images (max |logit diff| {parity['max_abs_diff']:.3g}, "
             f"agreement {parity['agreement']:.2%}; quantize_qat.max_abs_diff = {p.max_abs_diff}, "
             f"min_agreement = {p.min_agreement}); see {METRICS}")

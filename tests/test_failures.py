@@ -682,8 +682,8 @@ def test_quantize_qat_fails_on_parity_naming_the_tolerance_and_keeps_the_last_mo
     result = run_script(workspace, "quantize_qat")
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     line = result.stderr.strip().splitlines()[-1]  # after the fine-tune's progress bars
-    assert line.startswith("error: models/qat.onnx: the exported model differs from the fake-quant "
-                           "PyTorch model")
+    assert line.startswith("error: models/qat.onnx: the exported QDQ graph differs from the "
+                           "fake-quant PyTorch model")
     assert "quantize_qat.max_abs_diff = 1e-09" in line and "metrics/quantize_qat.json" in line
     assert md5(workspace / "models/qat.onnx") == before  # not replaced by the failed export
     parity = json.loads((workspace / "metrics/quantize_qat.json").read_text())["parity"]

@@ -79,6 +79,7 @@ def test_first_repro_runs_every_stage_and_writes_the_contract(project):
     qat = json.loads((repo / "metrics/quantize_qat.json").read_text())
     assert qat["parity"]["samples"] == prepared["test_samples"]
     assert qat["parity"]["agreement"] >= 0.99 and qat["parity"]["batch_one_max_abs_diff"] < 1e-3
+    assert qat["parity"]["deployed"]["level"] == "ORT_ENABLE_ALL"
     assert qat["steps"] > 0 and qat["ops"]["DequantizeLinear"] > 0
     assert summary["qat"]["size_ratio"] < 0.5 and summary["qat"]["accuracy"] > 0.8
 
