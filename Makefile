@@ -26,7 +26,7 @@ repro: env
 	dvc repro
 	@echo
 	@cat metrics/report.md
-	@echo "Outputs: data/ (splits, calibration), models/ (model.pt, exported/fp32/dynamic/static .onnx),"
+	@echo "Outputs: data/ (splits, calibration), models/ (model.pt, exported/fp32/dynamic/static/qat .onnx),"
 	@echo "         metrics/ (summary.json, report.md, per-stage JSON). Compare with: make diff"
 
 test: env

@@ -191,8 +191,13 @@ def calibrate(qmodel: nn.Module, x: np.ndarray, batch_size: int) -> None:
     qmodel.eval()  # BatchNorm's running statistics stay those of the trained model
     qmodel.apply(enable_observer)
     qmodel.apply(disable_fake_quant)
-    for i in range(0, len(x), batch_size):
-        qmodel(torch.from_numpy(x[i:i + batch_size]))
+    try:
+        for i in range(0, len(x), batch_size):
+            qmodel(torch.from_numpy(x[i:i + batch_size]))
+    except Exception as e:  # the traced graph kept a check the data fails (ViT's image size)
+        raise UserError(f"the model prepared for quantization-aware training fails on the "
+                        f"calibration data ({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
+                        "set quantize_qat.enabled: false") from None
     for fq, observer in swapped:
         seen = fq.activation_post_process
         observer.min_val, observer.max_val = seen.min_val, seen.max_val

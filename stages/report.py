@@ -27,9 +27,12 @@ def main() -> None:
     write_json("metrics/summary.json", summary)
     write_bytes("metrics/report.md", report.render_markdown(summary, notes, profiles).encode())
     rows = report.variants_of(summary)
-    # One row per batch size, one column per variant: `dvc plots` draws a line per column.
+    # One row per batch size, one column per variant: `dvc plots` draws a line per column. It
+    # drops the whole plot when a column dvc.yaml names is missing, so a variant without a row
+    # (skipped qat, no torch for a model brought as ONNX) is null: no point.
     write_json("metrics/plots/latency.json", [
-        {"batch_size": int(bs[2:]), **{v: s["latency_p50_ms"][bs] for v, s in rows.items()}}
+        {"batch_size": int(bs[2:]),
+         **{v: rows[v]["latency_p50_ms"][bs] if v in rows else None for v in (*VARIANTS, "torch")}}
         for bs in rows["fp32"]["latency_p50_ms"]])
     # Accuracy vs size: the three ONNX variants (the torch checkpoint is the FP32 weights again).
     write_json("metrics/plots/accuracy_size.json", [

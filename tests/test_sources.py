@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -248,6 +250,13 @@ def test_pipeline_with_a_brought_onnx_model(tmp_path):
     assert json.loads((repo / "metrics/quantize_qat.json").read_text()) == {"skipped": why}
     assert "qat" not in s and s["skipped"] == {"qat": why}
     assert f"- INT8 ONNX, quantization-aware training (QAT): {why}." in (repo / "metrics/report.md").read_text()
+    # The latency plot still draws: the variants without a row are null, not missing.
+    latency = json.loads((repo / "metrics/plots/latency.json").read_text())
+    assert all(row["qat"] is None and row["torch"] is None and row["static"] > 0 for row in latency)
+    plots = subprocess.run([sys.executable, "-m", "dvc", "plots", "show", "-o", str(tmp_path / "plots")],
+                           cwd=repo, capture_output=True, text=True, timeout=300)
+    assert plots.returncode == 0 and "could not find provided field" not in plots.stderr, plots.stderr
+    assert '"text": "latency vs batch size"' in (tmp_path / "plots" / "index.html").read_text()
     assert s["static"]["size_ratio"] < 1.0  # a toy: scales and zero points weigh as much as weights
     # The file is a dependency: replacing it re-runs export and everything after it.
     torch.manual_seed(1)
