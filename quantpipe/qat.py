@@ -125,16 +125,12 @@ def without_train_only_modules(model: nn.Module) -> int:
     the static model does not have. The fine-tune is short and at a low learning rate; it
     does without them.
     """
-    kinds = [nn.modules.dropout._DropoutNd]
-    try:
-        from torchvision.ops import StochasticDepth
-        kinds.append(StochasticDepth)
-    except ImportError:
-        pass
+    from torchvision.ops import StochasticDepth
+
     replaced = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, tuple(kinds)):
+            if isinstance(child, (nn.modules.dropout._DropoutNd, StochasticDepth)):
                 setattr(parent, name, _Skip())
                 replaced += 1
     return replaced
@@ -176,13 +172,14 @@ def calibrate(qmodel: nn.Module, x: np.ndarray, batch_size: int) -> None:
     observers see the weights once; that sets them exactly. The ranges are then fixed until
     `finetune` lets them follow the training batches.
     """
-    from torch.ao.quantization import (MinMaxObserver, disable_fake_quant, disable_observer,
-                                       enable_fake_quant, enable_observer)
+    from torch.ao.quantization import (MinMaxObserver, MovingAverageMinMaxObserver,
+                                       disable_fake_quant, disable_observer, enable_fake_quant,
+                                       enable_observer)
 
     swapped = []
     for fq in fake_quants(qmodel):
         observer = fq.activation_post_process
-        if type(observer).__name__ == "MovingAverageMinMaxObserver":
+        if isinstance(observer, MovingAverageMinMaxObserver):
             fq.activation_post_process = MinMaxObserver(
                 dtype=observer.dtype, qscheme=observer.qscheme, quant_min=observer.quant_min,
                 quant_max=observer.quant_max)
