@@ -17,7 +17,7 @@ accuracy, drop, flips and speed of static and qat.
     python scripts/qat_hard.py                          # -> metrics/qat_hard.json + table
     python scripts/qat_hard.py --workdir /tmp/qat-hard -o /tmp/qat_hard.json
 
-About 3 minutes on 2 cores. The clone has its own DVC cache (see main).
+About 2.5 minutes on 2 cores. The clone has its own DVC cache (see main).
 """
 
 from __future__ import annotations
