@@ -82,6 +82,9 @@ def test_first_repro_runs_every_stage_and_writes_the_contract(project):
     assert qat["parity"]["deployed"]["level"] == "ORT_ENABLE_ALL"
     assert qat["steps"] > 0 and qat["ops"]["DequantizeLinear"] > 0
     assert summary["qat"]["size_ratio"] < 0.5 and summary["qat"]["accuracy"] > 0.8
+    latency = json.loads((repo / "metrics/plots/latency.json").read_text())
+    assert [row["batch_size"] for row in latency] == [1, 8]
+    assert all(row[v] > 0 for row in latency for v in (*VARIANTS, "torch"))
 
 
 def test_second_repro_runs_nothing(project):
@@ -124,7 +127,8 @@ def test_plots_show_renders_every_plot(project, tmp_path):
     html = (out / "index.html").read_text()
     for title in ("training curves", "latency vs batch size", "accuracy vs size",
                   "metrics/plots/confusion_fp32.json", "metrics/plots/confusion_dynamic.json",
-                  "metrics/plots/confusion_static.json", "metrics/plots/sensitivity.json"):
+                  "metrics/plots/confusion_static.json", "metrics/plots/confusion_qat.json",
+                  "metrics/plots/sensitivity.json"):
         assert f'"text": "{title}"' in html, title
 
 
