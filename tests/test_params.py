@@ -247,6 +247,11 @@ def test_qoperator_and_percentile_parse():
     ({"gates": {"max_accuracy_drop_pp": -1}}, "gates.max_accuracy_drop_pp", ">= 0"),
     ({"evaluate": {"batch_consistency_atol": {"static": 0}}},
      "evaluate.batch_consistency_atol.static", "> 0"),
+    ({"quantize_qat": {"epochs": 0}}, "quantize_qat.epochs", ">= 1"),
+    ({"quantize_qat": {"lr": 0.0}}, "quantize_qat.lr", "(0, 10)"),
+    ({"quantize_qat": {"freeze_bn_after": -1}}, "quantize_qat.freeze_bn_after", "steps >= 0, or null"),
+    ({"quantize_qat": {"min_agreement": 1.5}}, "quantize_qat.min_agreement", "(0, 1]"),
+    ({"quantize_qat": {"max_abs_diff": 0}}, "quantize_qat.max_abs_diff", "> 0"),
 ])
 def test_invalid_value_names_key_and_allowed_range(raw, key, allowed):
     message = _error(raw)
