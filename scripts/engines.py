@@ -34,6 +34,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from quantpipe.io import write_json  # noqa: E402
+
 FOLDER = "inputs/colour_digits"
 HARD = "inputs/ptq_hard.onnx"
 # Outlier channel of the PTQ-hard case: scale and channel of the first conv (see
@@ -83,14 +85,19 @@ def colour_folder(root: Path, n: int = 5000, size: int = 32, seed: int = 0) -> N
         Image.fromarray(rgb.astype(np.uint8)).resize((size, size), Image.BILINEAR).save(folder / f"{k}.png")
 
 
-def repro(repo: Path, log: Path) -> float:
-    start = time.perf_counter()
+def dvc(repo: Path, log: Path, *args: str) -> None:
+    """`dvc <args>` in repo with this interpreter's environment, output appended to log."""
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
            "DVC_NO_ANALYTICS": "1"}
     with log.open("a") as out:
-        done = subprocess.run(["dvc", "repro"], cwd=repo, stdout=out, stderr=subprocess.STDOUT, env=env)
+        done = subprocess.run(["dvc", *args], cwd=repo, stdout=out, stderr=subprocess.STDOUT, env=env)
     if done.returncode:
-        raise SystemExit(f"dvc repro failed in {repo}; see {log}")
+        raise SystemExit(f"dvc {' '.join(args)} failed in {repo}; see {log}")
+
+
+def repro(repo: Path, log: Path) -> float:
+    start = time.perf_counter()
+    dvc(repo, log, "repro")
     return time.perf_counter() - start
 
 
@@ -133,8 +140,8 @@ def run_case(case: str, workdir: Path, steps: int, done: dict[str, Path]) -> lis
     if repo.exists():
         shutil.rmtree(repo)
     subprocess.run(["git", "clone", "-q", str(ROOT), str(repo)], check=True)
-    subprocess.run(["dvc", "cache", "dir", "--local", str(ROOT / ".dvc" / "cache")], cwd=repo,
-                   check=True, env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+    log = workdir / f"{case}.log"
+    dvc(repo, log, "cache", "dir", "--local", str(ROOT / ".dvc" / "cache"))
     if "prepare" in CASES[case]:
         colour_folder(repo / FOLDER)
     if case == "ptq_hard":
@@ -148,7 +155,6 @@ def run_case(case: str, workdir: Path, steps: int, done: dict[str, Path]) -> lis
         model = onnx.load(str(source / "models/fp32.onnx"))
         onnx.save(with_outlier_channel(model, HARD_SCALE, HARD_CHANNEL), str(repo / HARD))
     set_params(repo, CASES[case])
-    log = workdir / f"{case}.log"
     rows = []
     for engine in ENGINES:
         for fallback in (False, True):
@@ -178,9 +184,7 @@ def main() -> None:
     done: dict[str, Path] = {}
     for case in cases:
         rows += run_case(case, args.workdir, steps, done)
-        tmp = args.output.with_suffix(".tmp")
-        tmp.write_text(json.dumps(rows, indent=1) + "\n")
-        os.replace(tmp, args.output)
+        write_json(args.output, rows)
     print(markdown(rows))
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -36,7 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from engines import HARD_CHANNEL, HARD_SCALE, repro, set_params  # noqa: E402
+from engines import HARD_CHANNEL, HARD_SCALE, dvc, repro, set_params  # noqa: E402
+from quantpipe.io import write_json  # noqa: E402
 
 MODEL = "models/model.pt"
 
@@ -59,14 +59,6 @@ def outlier_twin(repo: Path) -> float:
         model.conv2.weight[:, HARD_CHANNEL] /= HARD_SCALE
     (repo / MODEL).write_bytes(models.state_dict_bytes(model))
     return float(abs(models.predict_torch(model, x) - before).max())
-
-
-def dvc(repo: Path, log: Path, *args: str) -> None:
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-           "DVC_NO_ANALYTICS": "1"}
-    with log.open("a") as out:
-        if subprocess.run(["dvc", *args], cwd=repo, env=env, stdout=out, stderr=subprocess.STDOUT).returncode:
-            raise SystemExit(f"dvc {' '.join(args)} failed in {repo}; see {log}")
 
 
 def rows(repo: Path, ladder: bool) -> list[dict]:
@@ -133,9 +125,7 @@ def main() -> None:
     table = table[:1] + rows(repo, ladder=True)[:1] + table[1:]
     record = {"twin_max_logit_diff": diff, "scale": HARD_SCALE, "channel": HARD_CHANNEL,
               "rows": table}
-    tmp = args.output.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    os.replace(tmp, args.output)
+    write_json(args.output, record)
     print(markdown(table))
 
 
