@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Hashable
 
 import numpy as np
 
@@ -76,29 +76,45 @@ def resolve_threads(threads: tuple[int | str, ...], cores: int) -> tuple[int, ..
     return tuple(dict.fromkeys(cores if t == ALL_CORES else int(t) for t in threads))
 
 
-def latency_table(runners_for: Callable[[int], dict[str, Runner]], variant: str, x: np.ndarray,
-                  threads: tuple[int, ...], p: BenchParams, desc: str) -> dict[str, dict[str, dict]]:
-    """{"threadsT": {"bsN": row}} over `threads` and p.batch_sizes, with a progress bar.
-
-    runners_for(threads) gives the runners of `variant` and "fp32", timed in the same
-    interleaved rounds; a row of any other variant than fp32 also holds the FP32 median
-    (baseline_p50_ms) and speedup = FP32 p50 / its p50, so machine drift cancels out.
-    """
+def latency_grid(runners_for: Callable[[int], dict[Hashable, Runner]], x: np.ndarray,
+                 threads: tuple[int, ...], p: BenchParams, desc: str
+                 ) -> dict[str, dict[str, dict[Hashable, Latency]]]:
+    """{"threadsT": {"bsN": {key: Latency}}} over `threads` and p.batch_sizes, with a progress
+    bar: runners_for(threads) gives the runners (models, or a model on several engines) that
+    are timed in the same interleaved rounds."""
     from tqdm import tqdm
 
-    results: dict[str, dict[str, dict]] = {}
+    grid: dict[str, dict[str, dict[Hashable, Latency]]] = {}
     with tqdm(total=len(threads) * len(p.batch_sizes) * p.rounds, desc=desc, unit="round") as bar:
         for count in threads:
             runners = runners_for(count)
             for bs in p.batch_sizes:
-                lat = measure(runners, batch_of(x, bs), warmup=p.warmup, runs=p.runs,
-                              rounds=p.rounds, tick=lambda: bar.update(1))
-                row = as_dict(lat[variant])
-                if variant != "fp32":
-                    row["baseline_p50_ms"] = lat["fp32"].p50_ms
-                    row["speedup"] = round(lat["fp32"].p50_ms / lat[variant].p50_ms, 4)
-                results.setdefault(f"threads{count}", {})[f"bs{bs}"] = row
-    return results
+                grid.setdefault(f"threads{count}", {})[f"bs{bs}"] = measure(
+                    runners, batch_of(x, bs), warmup=p.warmup, runs=p.runs, rounds=p.rounds,
+                    tick=lambda: bar.update(1))
+    return grid
+
+
+def rows_against(grid: dict[str, dict[str, dict[Hashable, Latency]]], key: Hashable,
+                 baseline: Hashable) -> dict[str, dict[str, dict]]:
+    """{"threadsT": {"bsN": row}} of `key`; unless key is the baseline, a row also holds the
+    baseline's median from the same rounds (baseline_p50_ms) and speedup = baseline p50 / its
+    p50, so machine drift cancels out."""
+    rows: dict[str, dict[str, dict]] = {}
+    for count, by_size in grid.items():
+        for bs, lat in by_size.items():
+            row = as_dict(lat[key])
+            if key != baseline:
+                row["baseline_p50_ms"] = lat[baseline].p50_ms
+                row["speedup"] = round(lat[baseline].p50_ms / lat[key].p50_ms, 4)
+            rows.setdefault(count, {})[bs] = row
+    return rows
+
+
+def latency_table(runners_for: Callable[[int], dict[str, Runner]], variant: str, x: np.ndarray,
+                  threads: tuple[int, ...], p: BenchParams, desc: str) -> dict[str, dict[str, dict]]:
+    """The rows of `variant` (rows_against) timed with "fp32" (runners_for gives both)."""
+    return rows_against(latency_grid(runners_for, x, threads, p, desc), variant, "fp32")
 
 
 # --- throughput: filling every core ----------------------------------------------------------
@@ -185,38 +201,82 @@ def _repeat(run: Runner, x: np.ndarray, times: int) -> None:
         run(x)
 
 
-def throughput_table(pools_for: Callable[[StreamConfig], dict[str, list[Runner]]], variant: str,
-                     x: np.ndarray, cores: int, p: BenchParams, desc: str) -> dict:
-    """Throughput at the largest batch size of every stream configuration of `cores` cores.
-
-    pools_for(config) gives, per model (`variant` and "fp32"), one runner per stream; both are
-    timed in the same interleaved rounds. Returns {"batch_size", "cores", "ips": {config key:
-    images/s}, "best": the best configuration} for `variant`, and for a variant other than
-    fp32 the same of FP32 from the same rounds ("baseline_ips", "baseline_best", as
-    latency rows name FP32 "baseline") and "speedup" = best / baseline_best: each side at the
-    configuration that suits it, as each would be deployed.
-    """
+def throughput_grid(pools_for: Callable[[StreamConfig], dict[Hashable, list[Runner]]],
+                    x: np.ndarray, cores: int, p: BenchParams, desc: str
+                    ) -> dict[Hashable, dict[StreamConfig, float]]:
+    """{key: {configuration: images/s}} at the largest batch size, for every stream
+    configuration of `cores` cores; pools_for(config) gives one runner per stream of each key,
+    all timed in the same interleaved rounds."""
     from tqdm import tqdm
 
     configs = stream_configs(cores)
     batch = batch_of(x, max(p.batch_sizes))
-    ips: dict[str, dict[str, float]] = {}
+    ips: dict[Hashable, dict[StreamConfig, float]] = {}
     with tqdm(total=len(configs) * p.rounds, desc=desc, unit="round") as bar:
         for config in configs:  # one configuration's sessions at a time: memory stays bounded
             rates = measure_throughput(pools_for(config), batch, batches=max(1, p.runs // p.rounds),
                                        warmup=p.warmup, rounds=p.rounds, tick=lambda: bar.update(1))
-            for model, rate in rates.items():
-                ips.setdefault(model, {})[config.key] = rate
+            for key, rate in rates.items():
+                ips.setdefault(key, {})[config] = rate
+    return ips
 
-    def best(model: str) -> dict:
-        config = max(configs, key=lambda c: ips[model][c.key])
-        return {"streams": config.streams, "threads": config.threads, "ips": ips[model][config.key]}
 
-    result = {"batch_size": len(batch), "cores": cores, "ips": ips[variant], "best": best(variant)}
-    if variant != "fp32":
-        result.update({"baseline_ips": ips["fp32"], "baseline_best": best("fp32")})
+def best_stream_config(ips: dict[StreamConfig, float]) -> dict:
+    config = max(ips, key=ips.get)
+    return {"streams": config.streams, "threads": config.threads, "ips": ips[config]}
+
+
+def throughput_against(ips: dict[Hashable, dict[StreamConfig, float]], key: Hashable,
+                       baseline: Hashable, batch_size: int, cores: int) -> dict:
+    """{"batch_size", "cores", "ips": {config key: images/s}, "best": the best configuration}
+    of `key`; unless key is the baseline, the same of the baseline from the same rounds
+    ("baseline_ips", "baseline_best") and "speedup" = best / baseline_best: each side at the
+    configuration that suits it, as each would be deployed."""
+    result = {"batch_size": batch_size, "cores": cores,
+              "ips": {c.key: rate for c, rate in ips[key].items()}, "best": best_stream_config(ips[key])}
+    if key != baseline:
+        result.update({"baseline_ips": {c.key: rate for c, rate in ips[baseline].items()},
+                       "baseline_best": best_stream_config(ips[baseline])})
         result["speedup"] = round(result["best"]["ips"] / result["baseline_best"]["ips"], 4)
     return result
+
+
+def throughput_table(pools_for: Callable[[StreamConfig], dict[str, list[Runner]]], variant: str,
+                     x: np.ndarray, cores: int, p: BenchParams, desc: str) -> dict:
+    """Throughput of `variant` against "fp32" (throughput_against), pools_for giving both."""
+    ips = throughput_grid(pools_for, x, cores, p, desc)
+    return throughput_against(ips, variant, "fp32", batch_size=max(p.batch_sizes), cores=cores)
+
+
+def best_configuration(grid: dict[str, dict[str, dict[tuple[str, str], Latency]]],
+                       ips: dict[tuple[str, str], dict[StreamConfig, float]], model: str,
+                       runtimes: list[str], baseline: str, baseline_runtimes: list[str]) -> dict:
+    """The fastest way to run `model` over `runtimes` and every thread count / stream
+    configuration benched: per batch size the lowest median latency, and the highest
+    throughput. Unless model is the baseline, each also names the baseline's best over
+    `baseline_runtimes` and speedup = its best / the baseline's best (each side as it would be
+    deployed). Keys of grid and ips are (model, runtime)."""
+    def fastest(name: str, among: list[str], bs: str) -> dict:
+        p50, runtime, count = min((by_size[bs][(name, rt)].p50_ms, rt, count)
+                                  for count, by_size in grid.items() for rt in among
+                                  if (name, rt) in by_size[bs])
+        return {"runtime": runtime, "threads": int(count.removeprefix("threads")), "p50_ms": p50}
+
+    def most(name: str, among: list[str]) -> dict:
+        rate, runtime = max((max(ips[(name, rt)].values()), rt) for rt in among if (name, rt) in ips)
+        return {"runtime": runtime, **best_stream_config(ips[(name, runtime)])}
+
+    sizes = next(iter(grid.values()))
+    latency = {bs: fastest(model, runtimes, bs) for bs in sizes}
+    throughput = most(model, runtimes) if ips else None
+    if model != baseline:
+        for bs, row in latency.items():
+            row["fp32"] = fastest(baseline, baseline_runtimes, bs)
+            row["speedup"] = round(row["fp32"]["p50_ms"] / row["p50_ms"], 4)
+        if throughput is not None:
+            throughput["fp32"] = most(baseline, baseline_runtimes)
+            throughput["speedup"] = round(throughput["ips"] / throughput["fp32"]["ips"], 4)
+    return {"latency": latency, **({"throughput": throughput} if throughput else {})}
 
 
 # --- memory and start-up ---------------------------------------------------------------------

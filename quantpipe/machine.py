@@ -31,8 +31,9 @@ MACHINE_FILE = Path("metrics/machine.json")
 # a u8*s8 dot product in one instruction (avx512_vnni, or avx_vnni on 256-bit vectors); AMX-INT8
 # multiplies whole tiles.
 CPU_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8")
-# Versions recorded with every measurement; a new onnxruntime changes kernels, hence numbers.
-PACKAGES = ("onnxruntime", "torch", "numpy")
+# Versions recorded with every measurement; a new onnxruntime or openvino changes kernels, hence
+# numbers.
+PACKAGES = ("onnxruntime", "openvino", "torch", "numpy")
 # What makes two machines differ for benchmarking purposes (python is recorded, not compared).
 COMPARED = ("cpu", "cpu_flags", "cores", "logical_cpus", *PACKAGES)
 

@@ -312,6 +312,9 @@ class EvaluateParams:
 
 # bench.threads' word for "every physical core of the machine that measures".
 ALL_CORES = "all"
+# Inference engines bench.runtimes may name (quantpipe.runtimes) and how reports spell them;
+# the first is the reference.
+RUNTIMES = {"onnxruntime": "ONNX Runtime", "openvino": "OpenVINO"}
 
 
 @dataclass(frozen=True)
@@ -326,6 +329,14 @@ class BenchParams:
     # throughput mode, batches per configuration and round = runs // rounds.
     runs: int = 300
     rounds: int = 6
+    # Engines that run every variant's ONNX file. onnxruntime is the reference (the summary's
+    # latency/speedup keys and every parity check are its); the others are timed beside it in
+    # the same rounds, and the summary's `best` picks the fastest engine that passed parity.
+    runtimes: tuple[str, ...] = tuple(RUNTIMES)
+    # Top-1 agreement with ONNX Runtime on the test split below which another engine's outputs
+    # are not trusted: its rows are marked failed and left out of `best`. Two engines' kernels
+    # round differently; 99.5% leaves room for a few borderline samples, not for a wrong op.
+    min_runtime_agreement: float = 0.995
 
     def __post_init__(self) -> None:
         _check(bool(self.batch_sizes) and all(b >= 1 for b in self.batch_sizes),
@@ -337,6 +348,13 @@ class BenchParams:
         _check(self.warmup >= 0, "bench.warmup", self.warmup, "an integer >= 0")
         _check(self.rounds >= 1, "bench.rounds", self.rounds, "an integer >= 1")
         _check(self.runs >= self.rounds, "bench.runs", self.runs, f"an integer >= bench.rounds ({self.rounds})")
+        reference = next(iter(RUNTIMES))
+        _check(reference in self.runtimes and set(self.runtimes) <= set(RUNTIMES)
+               and len(set(self.runtimes)) == len(self.runtimes), "bench.runtimes",
+               list(self.runtimes), f"a list of distinct names from {list(RUNTIMES)} that "
+               f"includes {reference} (the reference)")
+        _check(0 <= self.min_runtime_agreement <= 1, "bench.min_runtime_agreement",
+               self.min_runtime_agreement, "a number in [0, 1]")
 
 
 @dataclass(frozen=True)

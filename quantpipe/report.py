@@ -5,7 +5,7 @@ from __future__ import annotations
 from quantpipe.bench import describe_profile
 from quantpipe.errors import UserError
 from quantpipe.machine import describe
-from quantpipe.params import GatesParams
+from quantpipe.params import RUNTIMES, GatesParams
 
 QUANTIZED = ("dynamic", "static", "qat")
 # Top-level summary keys that are not model rows.
@@ -44,6 +44,10 @@ def build_summary(evals: dict[str, dict], benches: dict[str, dict],
                 "size_ratio": round(ev["size_bytes"] / fp32["size_bytes"], 4),
                 # Each side at its own best configuration, FP32 timed in the same rounds.
                 "throughput_speedup": b["throughput"]["speedup"]})
+        if "best" in b:  # bench JSON written before engines were compared have neither key
+            entry["best"] = b["best"]
+            entry["runtimes"] = {name: _engine_entry(e, threads) for name, e in b["runtimes"].items()
+                                 if not e.get("reference")}
         summary[variant] = entry
     if torch_bench is not None:
         # PyTorch eager vs FP32 ONNX: a speedup below 1 means the ONNX export alone is faster.
@@ -53,6 +57,26 @@ def build_summary(evals: dict[str, dict], benches: dict[str, dict],
     if skipped:
         summary["skipped"] = skipped
     return summary
+
+
+def _engine_entry(engine: dict, threads: list[int]) -> dict:
+    """A non-reference engine on one variant, for the summary: latency (and speedup against FP32
+    on ONNX Runtime from the same rounds) at the headline thread count, its best throughput,
+    parity with ONNX Runtime and, when it is not trusted, why."""
+    out: dict = {}
+    if "latency" in engine:
+        rows = engine["latency"][f"threads{threads[0]}"]
+        out["latency_p50_ms"] = {bs: r["p50_ms"] for bs, r in rows.items()}
+        out["speedup"] = {bs: r["speedup"] for bs, r in rows.items()}
+        top = engine["throughput"]["best"]
+        out.update({"throughput_ips": top["ips"],
+                    "throughput_config": {"streams": top["streams"], "threads": top["threads"]},
+                    "throughput_speedup": engine["throughput"]["speedup"]})
+    if "parity" in engine:
+        out["parity"] = {k: engine["parity"][k] for k in ("agreement", "max_abs_diff", "mean_abs_diff")}
+    if "failed" in engine:
+        out["failed"] = engine["failed"]
+    return out
 
 
 def variants_of(summary: dict) -> dict[str, dict]:
@@ -223,6 +247,8 @@ def render_markdown(summary: dict, notes: list[str], profiles: dict[str, dict] |
             *_threads_table(rows, threads, sizes)]
     onnx_rows = {v: s for v, s in rows.items() if "throughput_ips" in s}  # not torch
     text += ["", *_throughput_section(onnx_rows, machine)]
+    if any("best" in s for s in onnx_rows.values()):
+        text += ["", *_engines_section(onnx_rows, sizes, threads[0])]
     text += ["", *_memory_section(onnx_rows, sizes, threads[0])]
     if profiles:
         # Where the time goes, from one ORT profile per variant (metrics/bench/<variant>.json).
@@ -307,6 +333,66 @@ def _throughput_section(rows: dict[str, dict], machine: dict) -> list[str]:
             "Each variant at its own best configuration is compared with FP32 at FP32's best, "
             "timed in the same interleaved rounds (every configuration is in "
             "metrics/bench/<variant>.json, `throughput`)."]
+
+
+def _engines_section(rows: dict[str, dict], sizes: list[str], threads: int) -> list[str]:
+    """The same files on every engine (bench.runtimes), then a line per variant naming the
+    fastest engine and setting at batch 1 (the smallest batch) and the largest batch, and a line
+    per engine left out of "best"."""
+    largest = sizes[-1]
+    head = (["variant", "engine", "agreement with ONNX Runtime", "max logit diff"]
+            + [f"p50 {k} (ms)" for k in sizes] + [f"vs FP32 on ONNX Runtime, {largest}",
+                                                   "throughput (images/s)", "trusted"])
+    body, fastest, left_out = [], [], []
+    for variant, s in rows.items():
+        engines = {"onnxruntime": {"latency_p50_ms": s["latency_p50_ms"],
+                                   "speedup": s.get("speedup", {largest: 1.0}),
+                                   "throughput_ips": s["throughput_ips"]},
+                   **s.get("runtimes", {})}
+        for name, e in engines.items():
+            parity = e.get("parity", {})
+            trusted = "no" if "failed" in e else ("reference" if name == "onnxruntime" else "yes")
+            body.append([variant, RUNTIMES[name], _fmt(parity.get("agreement"), ".2%"),
+                         _fmt(parity.get("max_abs_diff"), ".3g")]
+                        + [_fmt(e.get("latency_p50_ms", {}).get(k), ".3f") for k in sizes]
+                        + [_fmt(e.get("speedup", {}).get(largest), ".2f", prefix="x"),
+                           _fmt(e.get("throughput_ips"), ",.0f"), trusted])
+            if "failed" in e:
+                left_out.append(f"{RUNTIMES[name]} is left out of {variant}'s best: {e['failed']}.")
+        if "best" in s:
+            fastest.append(_fastest_line(variant, s["best"], sizes))
+    return [f"## Engines: the same files on each runtime ({threads} thread(s))", "",
+            *_table(head, body), "",
+            "Another engine is trusted when its top-1 class agrees with ONNX Runtime's on the test "
+            "split (bench.min_runtime_agreement); speedups are against FP32 on ONNX Runtime in "
+            "the same interleaved rounds. Fastest trusted engine and setting, against the fastest "
+            "FP32 one (every thread count and stream configuration benched):", "",
+            *[f"- {line}" for line in fastest + left_out]]
+
+
+def _fastest_line(variant: str, best: dict, sizes: list[str]) -> str:
+    parts = []
+    for bs in dict.fromkeys((sizes[0], sizes[-1])):
+        b = best["latency"][bs]
+        part = f"at {bs} {_setting(b)}, {b['p50_ms']:.3f} ms"
+        if "fp32" in b:
+            part += f" (x{b['speedup']:.2f} the best FP32: {_setting(b['fp32'])}, {b['fp32']['p50_ms']:.3f} ms)"
+        parts.append(part)
+    t = best.get("throughput")
+    if t:
+        part = f"throughput {_setting(t)}, {t['ips']:,.0f} images/s"
+        if "fp32" in t:
+            part += f" (x{t['speedup']:.2f} the best FP32: {_setting(t['fp32'])}, {t['fp32']['ips']:,.0f})"
+        parts.append(part)
+    return f"**{variant}**: " + "; ".join(parts) + "."
+
+
+def _setting(best: dict) -> str:
+    """'OpenVINO, 2 threads' or 'OpenVINO, 1 stream x 2 threads'."""
+    engine = RUNTIMES[best["runtime"]]
+    if "streams" in best:
+        return f"{engine}, {_config(best)}"
+    return f"{engine}, {best['threads']} thread{'s' * (best['threads'] != 1)}"
 
 
 def _memory_section(rows: dict[str, dict], sizes: list[str], threads: int) -> list[str]:

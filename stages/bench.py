@@ -6,6 +6,10 @@ the machine recorded in metrics/machine.json.
   those rounds, so machine drift cancels out of it.
 - Throughput at the largest batch: every way to fill all cores with sessions (streams) of
   fewer threads, interleaved with FP32 the same way; the best configuration of each side.
+- Engines (bench.runtimes): the same ONNX files on OpenVINO too, first checked against ONNX
+  Runtime on the test split (parity), then timed in the same rounds; `best` is the fastest
+  trusted engine and configuration, against the best FP32 one. The top-level latency and
+  throughput stay ONNX Runtime's (the reference).
 - Memory: peak RSS and session-creation time of a fresh process per batch size.
 - One ORT profile at the largest batch: where the time goes (per node and op).
 """
@@ -16,10 +20,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from quantpipe import bench, data, onnxutil  # noqa: E402
+from quantpipe import bench, data, onnxutil, runtimes  # noqa: E402
 from quantpipe import machine as machines  # noqa: E402
 from quantpipe.io import run_stage, skipped_model, variant_argument, write_json  # noqa: E402
 from quantpipe.params import load_params  # noqa: E402
+from quantpipe.runtimes import timing  # noqa: E402
 
 PREPARED = Path("data/prepared")
 PROFILE_RUNS = 20  # profiled runs at the largest batch: enough for a stable per-node median
@@ -32,7 +37,8 @@ def main() -> None:
     machine = machines.load()
     threads = bench.resolve_threads(p.threads, machine["cores"])
     info = data.load_info(PREPARED)
-    x = data.normalize(data.load_split(PREPARED, "test").x, info)
+    test = data.load_split(PREPARED, "test")
+    x = data.normalize(test.x, info)
     models = {name: Path(f"models/{name}.onnx") for name in dict.fromkeys((variant, "fp32"))}
     skipped = skipped_model(models[variant])
     if skipped:
@@ -43,19 +49,15 @@ def main() -> None:
     for path in models.values():  # a bad model fails in one line, before the progress bar
         onnxutil.check_input_matches(onnxutil.make_session(path, level=level), info.input_shape,
                                      str(path))
+    engines = {name: runtimes.get(name, level=level) for name in p.runtimes}
+    checks = {model: runtimes.check(engines, path, x, test.y, threads=threads[0],
+                                    batch_size=max(p.batch_sizes),
+                                    min_agreement=p.min_runtime_agreement)
+              for model, path in models.items()}
 
-    def session(path: Path, count: int) -> bench.Runner:
-        return bench.session_runner(onnxutil.make_session(path, level=level, threads=count,
-                                                          stop_spinning=True))
-
-    print(f"bench {variant}: on {machines.describe(machine)}")
-    latency = bench.latency_table(
-        lambda count: {name: session(path, count) for name, path in models.items()},
-        variant, x, threads, p, desc=f"bench {variant} latency")
-    throughput = bench.throughput_table(
-        lambda config: {name: [session(path, config.threads) for _ in range(config.streams)]
-                        for name, path in models.items()},
-        variant, x, machine["cores"], p, desc=f"bench {variant} throughput")
+    print(f"bench {variant}: on {machines.describe(machine)}; engines: "
+          + ", ".join(f"{name} {engine.version()}" for name, engine in engines.items()))
+    timings = timing.time_engines(engines, models, checks, variant, x, threads, machine["cores"], p)
     memory = bench.memory_profile(models[variant], info.input_shape, p.batch_sizes,
                                   threads=threads[0], level_name=level.name)
     # Profiling slows every run a little, so it is a separate session after the timed rounds.
@@ -66,21 +68,14 @@ def main() -> None:
                                        runs=PROFILE_RUNS)
     write_json(f"metrics/bench/{variant}.json", {
         "variant": variant, "graph_optimization_level": level.name, "machine": machine,
-        "threads": list(threads), "latency": latency, "throughput": throughput, "memory": memory,
+        "threads": list(threads), **timings, "memory": memory,
         "kernel_profile": {"threads": threads[0], **profile}})
 
-    for count, rows in latency.items():
-        for bs, r in rows.items():
-            extra = f", x{r['speedup']:.2f} vs fp32" if "speedup" in r else ""
-            print(f"bench {variant}: {bs}, {count}: p50 {r['p50_ms']:.3f} ms{extra}")
-    best = throughput["best"]
-    extra = f", x{throughput['speedup']:.2f} vs fp32's best" if "speedup" in throughput else ""
-    print(f"bench {variant}: throughput at bs{throughput['batch_size']}: {best['ips']:.0f} img/s "
-          f"with {best['streams']} stream(s) x {best['threads']} thread(s){extra}")
+    for line in timing.describe_timings(timings):
+        print(f"bench {variant}: {line}")
     print(f"bench {variant}: fresh process: load {memory['load_ms']:.1f} ms, peak RSS "
           + ", ".join(f"{bs} {mb:.0f} MB" for bs, mb in memory["peak_rss_mb"].items()))
     print(f"bench {variant}: kernel time at bs{profile['batch_size']}: {bench.describe_profile(profile)}")
-
 
 if __name__ == "__main__":
     run_stage(main)

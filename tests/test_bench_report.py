@@ -14,6 +14,7 @@ from helpers import TwoConvNet, export_to, info_for, structured_images
 
 from quantpipe import bench, data, machine, onnxutil, report
 from quantpipe.errors import UserError
+from quantpipe.bench import StreamConfig
 from quantpipe.params import BenchParams, GatesParams
 
 VNNI_MACHINE = {"cpu": "Test CPU", "cpu_flags": {f: f in ("avx2", "avx512f", "avx512_vnni")
@@ -285,8 +286,10 @@ FP32_P50 = {"bs1": 0.2, "bs64": 8.0}
 FP32_IPS = 20000.0
 
 
-def _bench(variant, p50s, threads=(1, 2), fp32_p50=FP32_P50, ips=None, peak=None):
-    """A bench JSON as stages/bench.py writes it."""
+def _bench(variant, p50s, threads=(1, 2), fp32_p50=FP32_P50, ips=None, peak=None,
+           openvino=0.8, openvino_agreement=1.0):
+    """A bench JSON as stages/bench.py writes it; OpenVINO takes `openvino` times ONNX Runtime's
+    latency and agrees with it on `openvino_agreement` of the test samples."""
     latency = {}
     for t in threads:
         scale = 1 / t  # more threads, faster: a different, recognisable number per thread count
@@ -307,7 +310,40 @@ def _bench(variant, p50s, threads=(1, 2), fp32_p50=FP32_P50, ips=None, peak=None
               "peak_rss_mb": peak, "first_run_ms": {bs: 1.0 for bs in peak}}
     return {"variant": variant, "graph_optimization_level": "ORT_ENABLE_ALL",
             "machine": VNNI_MACHINE, "threads": list(threads), "latency": latency,
-            "throughput": throughput, "memory": memory}
+            "throughput": throughput,
+            **_engines(variant, latency, throughput, openvino, openvino_agreement),
+            "memory": memory}
+
+
+def _engines(variant, latency, throughput, factor, agreement):
+    """"runtimes" and "best" beside ONNX Runtime's rows, as quantpipe.runtimes.timing makes
+    them: OpenVINO at `factor` times ONNX Runtime's latency (FP32 only on ONNX Runtime)."""
+    ort, ov, fp32 = (variant, "onnxruntime"), (variant, "openvino"), ("fp32", "onnxruntime")
+    grid = {count: {bs: {ort: _lat(r["p50_ms"]), ov: _lat(r["p50_ms"] * factor),
+                         fp32: _lat(r.get("baseline_p50_ms", r["p50_ms"]))}
+                    for bs, r in rows.items()} for count, rows in latency.items()}
+    configs = {StreamConfig(1, 2): "streams1_threads2", StreamConfig(2, 1): "streams2_threads1"}
+    ips = {ort: {c: throughput["ips"][k] for c, k in configs.items()},
+           ov: {c: throughput["ips"][k] / factor for c, k in configs.items()},
+           fp32: {c: throughput.get("baseline_ips", throughput["ips"])[k] for c, k in configs.items()}}
+    passed = agreement >= 0.995
+    openvino = {"version": "2026.4.1",
+                "parity": {"samples": 1000, "agreement": agreement, "max_abs_diff": 0.01,
+                           "mean_abs_diff": 0.001, "min_agreement": 0.995, "passed": passed},
+                "latency": bench.rows_against(grid, ov, fp32),
+                "throughput": bench.throughput_against(ips, ov, fp32, 64, 2)}
+    if not passed:
+        openvino["failed"] = (f"models/{variant}.onnx on OpenVINO: its top-1 agrees with ONNX "
+                              f"Runtime's on {agreement:.2%} of 1000 test samples")
+    trusted = ["onnxruntime"] + ["openvino"] * passed
+    return {"runtimes": {"onnxruntime": {"version": "1.32.0", "reference": True},
+                         "openvino": openvino},
+            "best": bench.best_configuration(grid, ips, variant, trusted, "fp32", ["onnxruntime"])}
+
+
+def _lat(p50):
+    return bench.Latency(p50_ms=round(p50, 5), p90_ms=p50, p99_ms=p50, mean_ms=p50, std_ms=0.0,
+                         throughput=1.0, runs=1)
 
 
 @pytest.fixture
@@ -327,7 +363,7 @@ def benches():
 
 
 FP32_KEYS = {"accuracy", "size_bytes", "latency_p50_ms", "by_threads", "throughput_ips",
-             "throughput_config", "peak_rss_mb", "load_ms"}
+             "throughput_config", "peak_rss_mb", "load_ms", "best", "runtimes"}
 QUANTIZED_KEYS = FP32_KEYS | {"accuracy_drop_pp", "agreement", "size_ratio", "speedup",
                               "throughput_speedup"}
 
@@ -386,6 +422,42 @@ def test_summary_throughput_and_memory(evals, benches):
     assert s["fp32"]["throughput_ips"] == FP32_IPS and "throughput_speedup" not in s["fp32"]
     assert s["static"]["peak_rss_mb"] == {"bs1": 61.5, "bs64": 70.25}
     assert s["static"]["load_ms"] == 6.5
+
+
+def test_summary_has_the_best_engine_and_the_other_engines(evals, benches):
+    for b in benches.values():
+        b["threads"] = [2, 1]
+    benches["static"] = _bench("static", {"bs1": 0.1, "bs64": 3.2}, threads=(2, 1), openvino=0.5)
+    s = report.build_summary(evals, benches)
+    best = s["static"]["best"]
+    # OpenVINO at half ONNX Runtime's latency, 2 threads; FP32's best is ONNX Runtime's, 2 threads.
+    assert best["latency"]["bs64"] == {"runtime": "openvino", "threads": 2, "p50_ms": 0.8,
+                                       "speedup": 5.0, "fp32": {"runtime": "onnxruntime",
+                                                                "threads": 2, "p50_ms": 4.0}}
+    assert best["throughput"]["runtime"] == "openvino" and best["throughput"]["speedup"] == 5.0
+    assert set(s["static"]["runtimes"]) == {"openvino"}  # ONNX Runtime's are the variant's own keys
+    ov = s["static"]["runtimes"]["openvino"]
+    assert set(ov) == {"latency_p50_ms", "speedup", "throughput_ips", "throughput_config",
+                       "throughput_speedup", "parity"}
+    assert ov["latency_p50_ms"] == {"bs1": 0.025, "bs64": 0.8}  # the headline thread count (2)
+    assert ov["speedup"] == {"bs1": 4.0, "bs64": 5.0}
+    assert ov["parity"] == {"agreement": 1.0, "max_abs_diff": 0.01, "mean_abs_diff": 0.001}
+    # The existing keys keep meaning ONNX Runtime.
+    assert s["static"]["latency_p50_ms"] == {"bs1": 0.05, "bs64": 1.6}
+    assert s["fp32"]["best"]["latency"]["bs1"]["runtime"] == "openvino"
+    assert "speedup" not in s["fp32"]["best"]["latency"]["bs1"]
+
+
+def test_an_untrusted_engine_is_in_the_summary_and_out_of_best(evals, benches):
+    benches["static"] = _bench("static", {"bs1": 0.1, "bs64": 3.2}, openvino=0.5,
+                               openvino_agreement=0.9)
+    s = report.build_summary(evals, benches)
+    ov = s["static"]["runtimes"]["openvino"]
+    assert ov["failed"].startswith("models/static.onnx on OpenVINO: its top-1 agrees")
+    assert ov["parity"]["agreement"] == 0.9 and ov["latency_p50_ms"]["bs64"] == pytest.approx(1.6)
+    best = s["static"]["best"]
+    assert {row["runtime"] for row in best["latency"].values()} == {"onnxruntime"}
+    assert best["throughput"]["runtime"] == "onnxruntime"
 
 
 def test_summary_refuses_benches_from_different_machines(evals, benches):
@@ -549,6 +621,7 @@ def test_markdown_names_the_machine_and_has_every_section(evals, benches):
     assert list(tables) == ["2 intra-op threads (all cores)",
                             "FP32 PyTorch, FP32 ONNX, INT8 PTQ, INT8 QAT", "Latency by thread count",
                             "Throughput, every core busy (2 cores, largest batch)",
+                            "Engines: the same files on each runtime (2 thread(s))",
                             "Memory and start-up (a fresh process, 2 thread(s))"]
     headline = {row[0]: row for row in tables["2 intra-op threads (all cores)"]}
     assert list(headline) == ["variant", "fp32", "dynamic", "static", "qat"]
@@ -568,6 +641,33 @@ def test_markdown_names_the_machine_and_has_every_section(evals, benches):
     assert memory["variant"] == ["variant", "load (ms)", "peak RSS bs1 (MB)", "peak RSS bs64 (MB)"]
     assert memory["static"] == ["static", "6.5", "60.0", "80.0"]
     assert "- static is slower than FP32 at bs1: why." in text and text.endswith("\n")
+
+
+def test_markdown_names_the_fastest_engine_per_variant_and_what_was_left_out(evals, benches):
+    for b in benches.values():
+        b["threads"] = [2, 1]
+    benches["static"] = _bench("static", {"bs1": 0.1, "bs64": 3.2}, threads=(2, 1), openvino=0.5)
+    benches["qat"] = _bench("qat", {"bs1": 0.1, "bs64": 3.3}, threads=(2, 1), openvino=0.5,
+                            openvino_agreement=0.9)
+    text = report.render_markdown(report.build_summary(evals, benches), [])
+    rows = _tables(text)["Engines: the same files on each runtime (2 thread(s))"]
+    assert rows[0] == ["variant", "engine", "agreement with ONNX Runtime", "max logit diff",
+                       "p50 bs1 (ms)", "p50 bs64 (ms)", "vs FP32 on ONNX Runtime, bs64",
+                       "throughput (images/s)", "trusted"]
+    by_key = {(r[0], r[1]): r for r in rows[1:]}
+    assert len(by_key) == 8  # four variants on two engines
+    assert by_key[("static", "ONNX Runtime")][2:] == ["—", "—", "0.050", "1.600", "x2.50", "50,000",
+                                                      "reference"]
+    assert by_key[("static", "OpenVINO")][2:] == ["100.00%", "0.01", "0.025", "0.800", "x5.00",
+                                                  "100,000", "yes"]
+    assert by_key[("qat", "OpenVINO")][-1] == "no"
+    assert ("- **static**: at bs1 OpenVINO, 2 threads, 0.025 ms (x4.00 the best FP32: ONNX "
+            "Runtime, 2 threads, 0.100 ms); at bs64 OpenVINO, 2 threads, 0.800 ms (x5.00 the best "
+            "FP32: ONNX Runtime, 2 threads, 4.000 ms); throughput OpenVINO, 2 streams x 1 thread, "
+            "100,000 images/s (x5.00 the best FP32: ONNX Runtime, 2 streams x 1 thread, 20,000).") in text
+    assert "- **qat**: at bs1 ONNX Runtime, 2 threads, 0.050 ms" in text
+    assert ("- OpenVINO is left out of qat's best: models/qat.onnx on OpenVINO: its top-1 agrees "
+            "with ONNX Runtime's on 90.00% of 1000 test samples.") in text
 
 
 def test_markdown_shows_torch_in_the_latency_tables_only(evals, benches):

@@ -709,3 +709,48 @@ def test_disabled_qat_writes_an_empty_model_and_every_consumer_skips_it(workspac
     assert "qat" not in summary and summary["skipped"] == {"qat": "quantize_qat.enabled is false"}
     assert ("- INT8 ONNX, quantization-aware training (QAT): quantize_qat.enabled is false."
             in (workspace / "metrics/report.md").read_text())
+
+
+def _quantpipe_imports(path: Path) -> set[Path]:
+    """The quantpipe source files `path` imports, directly or through each other (imports
+    inside functions included: they run too), with each package's __init__.py."""
+    seen: set[Path] = set()
+    todo = [path]
+    while todo:
+        tree = ast.parse(todo.pop().read_text())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            for name in names:
+                if not name.startswith("quantpipe"):
+                    continue
+                parts = name.split(".")
+                for i in range(1, len(parts) + 1):  # quantpipe.runtimes.timing: every package on the way
+                    base = ROOT.joinpath(*parts[:i])
+                    for f in (base.with_suffix(".py"), base / "__init__.py"):
+                        if f.is_file() and f not in seen:
+                            seen.add(f)
+                            todo.append(f)
+    return seen
+
+
+def test_every_stage_depends_on_the_library_files_it_imports():
+    """A library change must re-run the stages that run it, and only those: each stage's deps
+    list exactly the quantpipe files its script imports (memprobe.py, run as a subprocess by
+    bench, is listed by hand)."""
+    pipeline = yaml.safe_load((ROOT / "dvc.yaml").read_text())
+    for name, stage in pipeline["stages"].items():
+        body = stage.get("do", stage)
+        script = ROOT / body["cmd"].split()[1]
+        deps = {d for d in body["deps"] if isinstance(d, str)}
+        listed = {d for d in deps if d.startswith("quantpipe/") and d.endswith(".py")}
+        imported = {str(f.relative_to(ROOT)) for f in _quantpipe_imports(script)}
+        imported.discard("quantpipe/__init__.py")  # empty
+        assert script.relative_to(ROOT).as_posix() in deps, name
+        missing = imported - listed
+        assert not missing, f"dvc.yaml stage {name} imports {sorted(missing)} but does not list them"
+        extra = listed - imported - {"quantpipe/memprobe.py"}
+        assert not extra, f"dvc.yaml stage {name} lists {sorted(extra)} that it does not import"

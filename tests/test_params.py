@@ -210,6 +210,14 @@ def test_bench_threads_take_counts_and_the_word_all():
     assert Params().gates.max_peak_rss_mb is None
 
 
+def test_bench_runtimes_default_to_both_engines_and_name_real_ones():
+    assert Params().bench.runtimes == ("onnxruntime", "openvino")
+    assert Params().bench.min_runtime_agreement == 0.995
+    assert parse_params({"bench": {"runtimes": ["onnxruntime"]}}).bench.runtimes == ("onnxruntime",)
+    from quantpipe import runtimes
+    assert runtimes.NAMES == Params().bench.runtimes and runtimes.REFERENCE == "onnxruntime"
+
+
 def test_qoperator_and_percentile_parse():
     p = parse_params({"quantize_static": {"quant_format": "QOperator",
                                           "calibrate_method": "Percentile",
@@ -231,6 +239,10 @@ def test_qoperator_and_percentile_parse():
     ({"bench": {"threads": [True]}}, "bench.threads[0]", "expected int or str"),
     ({"gates": {"max_peak_rss_mb": 0}}, "gates.max_peak_rss_mb", "> 0 (MiB) or null"),
     ({"bench": {"runs": 3, "rounds": 5}}, "bench.runs", "bench.rounds"),
+    ({"bench": {"runtimes": ["openvino"]}}, "bench.runtimes", "includes onnxruntime (the reference)"),
+    ({"bench": {"runtimes": ["onnxruntime", "tensorrt"]}}, "bench.runtimes", "['onnxruntime', 'openvino']"),
+    ({"bench": {"runtimes": ["onnxruntime", "onnxruntime"]}}, "bench.runtimes", "distinct"),
+    ({"bench": {"min_runtime_agreement": 99.5}}, "bench.min_runtime_agreement", "[0, 1]"),
     ({"quantize_static": {"extra_options": {"CalibPercentile": 101}}},
      "quantize_static.extra_options.CalibPercentile", "(0, 100]"),
     ({"quantize_static": {"extra_options": {"CalibPercentile": 0}}},

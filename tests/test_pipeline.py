@@ -40,7 +40,8 @@ def test_first_repro_runs_every_stage_and_writes_the_contract(project):
     assert set(summary) == {"fp32", "dynamic", "static", "qat", "torch", "machine"}
     cores = summary["machine"]["cores"]
     threads = {f"threads{cores}", "threads1"}  # bench.threads: [all, 1]
-    deploy = {"by_threads", "throughput_ips", "throughput_config", "peak_rss_mb", "load_ms"}
+    deploy = {"by_threads", "throughput_ips", "throughput_config", "peak_rss_mb", "load_ms",
+              "best", "runtimes"}
     assert set(summary["fp32"]) == {"accuracy", "size_bytes", "latency_p50_ms"} | deploy
     for variant in ("dynamic", "static", "qat"):
         assert set(summary[variant]) == {"accuracy", "accuracy_drop_pp", "agreement", "size_bytes",
@@ -82,6 +83,19 @@ def test_first_repro_runs_every_stage_and_writes_the_contract(project):
     assert qat["parity"]["deployed"]["level"] == "ORT_ENABLE_ALL"
     assert qat["steps"] > 0 and qat["ops"]["DequantizeLinear"] > 0
     assert summary["qat"]["size_ratio"] < 0.5 and summary["qat"]["accuracy"] > 0.8
+    # OpenVINO runs every variant's file; it agrees with ONNX Runtime (bench.runtimes default).
+    for variant in VARIANTS:
+        ov = summary[variant]["runtimes"]["openvino"]
+        assert "failed" not in ov, ov
+        assert ov["parity"]["agreement"] >= 0.995 and ov["latency_p50_ms"]["bs8"] > 0
+        best = summary[variant]["best"]
+        assert set(best["latency"]) == {"bs1", "bs8"}
+        assert {row["runtime"] for row in best["latency"].values()} <= {"onnxruntime", "openvino"}
+        if variant != "fp32":
+            assert best["throughput"]["speedup"] > 0 and "fp32" in best["throughput"]
+    report_md = (repo / "metrics/report.md").read_text()
+    assert "## Engines: the same files on each runtime" in report_md
+    assert "- **static**: at bs1 " in report_md and " at bs8 " in report_md
     latency = json.loads((repo / "metrics/plots/latency.json").read_text())
     assert [row["batch_size"] for row in latency] == [1, 8]
     assert all(row[v] > 0 for row in latency for v in (*VARIANTS, "torch"))

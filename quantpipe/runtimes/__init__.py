@@ -1,0 +1,139 @@
+"""Inference engines that run the same ONNX file, behind one small interface.
+
+ONNX Runtime is the reference: the pipeline's accuracy, the summary's latency/speedup keys and
+every parity check are ONNX Runtime's. Another engine (OpenVINO) is timed beside it and is
+trusted only after its outputs on the test split agree with ONNX Runtime's (parity()).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import numpy as np
+from onnxruntime import GraphOptimizationLevel
+
+from quantpipe.criterion import compare
+from quantpipe.params import RUNTIMES
+
+# A batch (N, C, S, S) float32 -> the model's first output, logits (N, classes).
+Runner = Callable[[np.ndarray], np.ndarray]
+
+TITLES = RUNTIMES
+NAMES = tuple(TITLES)
+REFERENCE = NAMES[0]
+
+
+class RuntimeUnavailable(Exception):
+    """An engine cannot run a model (cannot read an op, cannot compile, fails a run); str() is
+    one line saying why, to be prefixed with the model's path. Only the reference engine's
+    failures stop a stage."""
+
+
+class Runtime(Protocol):
+    name: str
+
+    def version(self) -> str: ...
+
+    def settings(self, path, cores: int) -> dict:
+        """The engine options the runners of model `path` are made with on `cores` cores,
+        recorded beside the timings."""
+
+    def runner(self, path, threads: int) -> Runner:
+        """One request at a time with `threads` threads: the latency configuration."""
+
+    def pool(self, path, streams: int, threads: int) -> list[Runner]:
+        """`streams` runners meant to run concurrently, one per thread, `threads` threads each:
+        the throughput configuration."""
+
+
+def get(name: str, *, level: GraphOptimizationLevel) -> Runtime:
+    """The engine called `name` (one of NAMES). level: ONNX Runtime's graph optimization level
+    (OpenVINO compiles the graph its own way)."""
+    if name == "onnxruntime":
+        from quantpipe.runtimes.ort import OnnxRuntime
+        return OnnxRuntime(level)
+    if name == "openvino":
+        from quantpipe.runtimes.ov import OpenVino
+        return OpenVino()
+    raise ValueError(f"unknown runtime {name!r}; one of {NAMES}")  # params.py validates first
+
+
+@dataclass(frozen=True)
+class Parity:
+    """One engine's outputs against the reference engine's on the same model and samples."""
+    samples: int
+    agreement: float       # share of samples whose top-1 class equals the reference's
+    max_abs_diff: float    # logit units
+    mean_abs_diff: float
+    accuracy: float | None  # against the labels, when given
+    min_agreement: float
+    finite: bool
+
+    @property
+    def passed(self) -> bool:
+        return self.finite and self.agreement >= self.min_agreement
+
+    def failure(self, reference: str = TITLES[REFERENCE]) -> str | None:
+        """Why this engine's numbers cannot be trusted, or None."""
+        if not self.finite:
+            return f"it returned non-finite logits where {reference} did not"
+        if not self.passed:
+            return (f"its top-1 agrees with {reference}'s on {self.agreement:.2%} of "
+                    f"{self.samples} test samples (max logit difference {self.max_abs_diff:.3g}), "
+                    f"below bench.min_runtime_agreement = {self.min_agreement}")
+        return None
+
+    def as_dict(self) -> dict:
+        out = {"samples": self.samples, "agreement": self.agreement,
+               "max_abs_diff": self.max_abs_diff, "mean_abs_diff": self.mean_abs_diff,
+               "min_agreement": self.min_agreement, "passed": self.passed}
+        if self.accuracy is not None:
+            out["accuracy"] = self.accuracy
+        return out
+
+
+def parity(reference: Runner, candidate: Runner, x: np.ndarray, y: np.ndarray | None, *,
+           batch_size: int, min_agreement: float) -> Parity:
+    """Run both engines over x (N, C, S, S) in batches of batch_size and compare their logits."""
+    ref = np.concatenate([reference(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
+    out = np.concatenate([candidate(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
+    if out.shape != ref.shape:
+        raise RuntimeUnavailable(f"its output has shape {out.shape}, {TITLES[REFERENCE]}'s {ref.shape}")
+    finite = bool(np.isfinite(out).all() or not np.isfinite(ref).all())
+    diff = np.abs(out.astype(np.float64) - ref.astype(np.float64))
+    diff = diff[np.isfinite(diff)]  # a non-finite output fails through `finite`, not a NaN here
+    pred = out.argmax(1)
+    return Parity(samples=len(x), agreement=compare(pred, ref.argmax(1)).agreement,
+                  max_abs_diff=round(float(diff.max()) if diff.size else 0.0, 6),
+                  mean_abs_diff=round(float(diff.mean()) if diff.size else 0.0, 6),
+                  accuracy=None if y is None else round(float((pred == y).mean()), 6),
+                  min_agreement=min_agreement, finite=finite)
+
+
+@dataclass(frozen=True)
+class Check:
+    """Whether one engine may be timed on one model, and trusted."""
+    parity: Parity | None  # None: the reference itself, or an engine that cannot run the model
+    failed: str | None     # why the engine is excluded from "best", or None
+    runs: bool             # False: it cannot run the model at all, so it is not timed
+
+
+def check(engines: dict[str, Runtime], path, x: np.ndarray, y: np.ndarray | None, *,
+          threads: int, batch_size: int, min_agreement: float) -> dict[str, Check]:
+    """Every engine on model `path`, each against the reference on x (N, C, S, S): one line
+    naming the model and the reason for an engine that cannot run it or disagrees."""
+    reference = engines[REFERENCE].runner(path, threads)  # its errors stop the stage
+    checks = {REFERENCE: Check(parity=None, failed=None, runs=True)}
+    for name, engine in engines.items():
+        if name == REFERENCE:
+            continue
+        try:
+            result = parity(reference, engine.runner(path, threads), x, y,
+                            batch_size=batch_size, min_agreement=min_agreement)
+        except RuntimeUnavailable as e:
+            checks[name] = Check(parity=None, failed=f"{path}: {e}", runs=False)
+            continue
+        why = result.failure()
+        checks[name] = Check(parity=result, failed=why and f"{path} on {TITLES[name]}: {why}", runs=True)
+    return checks

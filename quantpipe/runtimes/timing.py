@@ -1,0 +1,97 @@
+"""Every engine on the same ONNX files, timed in the same interleaved rounds (quantpipe.bench)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from quantpipe import bench
+from quantpipe.params import BenchParams
+from quantpipe.runtimes import REFERENCE, Check, Runtime
+
+
+def time_engines(engines: dict[str, Runtime], models: dict[str, Path],
+                 checks: dict[str, dict[str, Check]], variant: str, x: np.ndarray,
+                 threads: tuple[int, ...], cores: int, p: BenchParams) -> dict:
+    """Latency and throughput of models[variant] and models["fp32"] on every engine that can
+    run them (checks: runtimes.check per model), all in the same interleaved rounds.
+
+    Returns "latency" and "throughput" of the reference engine (rows_against and
+    throughput_against FP32 on it: the keys every earlier bench had), "runtimes": per engine
+    its version and settings and, for the others, parity, why it failed, and its rows against
+    FP32 on the reference engine (and FP32's own under "fp32"), and "best": the fastest
+    trusted engine and configuration against the best trusted FP32 one (best_configuration).
+    """
+    # An engine that failed parity is still timed (its rows are shown, marked failed).
+    timed = [(model, name) for model, by_engine in checks.items()
+             for name, c in by_engine.items() if c.runs]
+    grid = bench.latency_grid(
+        lambda count: {(m, e): engines[e].runner(models[m], count) for m, e in timed},
+        x, threads, p, desc=f"bench {variant} latency")
+    ips = bench.throughput_grid(
+        lambda config: {(m, e): engines[e].pool(models[m], config.streams, config.threads)
+                        for m, e in timed},
+        x, cores, p, desc=f"bench {variant} throughput")
+    largest, fp32 = max(p.batch_sizes), ("fp32", REFERENCE)
+
+    def record(model: str, name: str) -> dict:
+        c = checks[model][name]
+        out = {"parity": c.parity.as_dict()} if c.parity else {}
+        if c.failed:
+            out["failed"] = c.failed
+        if c.runs:
+            out["latency"] = bench.rows_against(grid, (model, name), fp32)
+            out["throughput"] = bench.throughput_against(ips, (model, name), fp32, largest, cores)
+        return out
+
+    records = {}
+    for name, engine in engines.items():
+        entry = {"version": engine.version()}
+        if name == REFERENCE:
+            entry["reference"] = True
+        else:
+            entry.update(record(variant, name))
+            if variant != "fp32":
+                entry["fp32"] = record("fp32", name)
+        if checks[variant][name].runs:
+            entry["settings"] = engine.settings(models[variant], cores)
+        records[name] = entry
+    trusted = {model: [name for name, c in by_engine.items() if not c.failed]
+               for model, by_engine in checks.items()}
+    return {"latency": bench.rows_against(grid, (variant, REFERENCE), fp32),
+            "throughput": bench.throughput_against(ips, (variant, REFERENCE), fp32, largest, cores),
+            "runtimes": records,
+            "best": bench.best_configuration(grid, ips, variant, trusted[variant], "fp32", trusted["fp32"])}
+
+
+def describe_timings(timings: dict) -> list[str]:
+    """Lines for the console: the reference engine's rows, its throughput, each other engine's
+    parity (or why it was left out) and the fastest configuration per batch size."""
+    lines = []
+    for count, rows in timings["latency"].items():
+        for bs, r in rows.items():
+            extra = f", x{r['speedup']:.2f} vs fp32" if "speedup" in r else ""
+            lines.append(f"{bs}, {count}: p50 {r['p50_ms']:.3f} ms{extra}")
+    throughput = timings["throughput"]
+    top = throughput["best"]
+    extra = f", x{throughput['speedup']:.2f} vs fp32's best" if "speedup" in throughput else ""
+    lines.append(f"throughput at bs{throughput['batch_size']}: {top['ips']:.0f} img/s with "
+                 f"{top['streams']} stream(s) x {top['threads']} thread(s){extra}")
+    for name, entry in timings["runtimes"].items():
+        if "parity" in entry:
+            par = entry["parity"]
+            lines.append(f"{name} vs {REFERENCE} on the test split: top-1 agreement "
+                         f"{par['agreement']:.2%}, max logit difference {par['max_abs_diff']:.3g}")
+        if "failed" in entry:
+            lines.append(f"{name} is left out of best: {entry['failed']}")
+    for bs, row in timings["best"]["latency"].items():
+        extra = f", x{row['speedup']:.2f} vs FP32's best" if "speedup" in row else ""
+        lines.append(f"fastest at {bs}: {row['runtime']}, {row['threads']} thread(s), p50 "
+                     f"{row['p50_ms']:.3f} ms{extra}")
+    top = timings["best"].get("throughput")
+    if top:
+        extra = f", x{top['speedup']:.2f} vs FP32's best" if "speedup" in top else ""
+        lines.append(f"most throughput: {top['runtime']}, {top['streams']} stream(s) x "
+                     f"{top['threads']} thread(s), {top['ips']:.0f} img/s{extra}")
+    return lines

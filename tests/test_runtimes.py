@@ -1,0 +1,205 @@
+"""quantpipe.runtimes: OpenVINO on the same ONNX files as ONNX Runtime, parity per hop, and the
+fastest trusted engine (bench `best`). Real engines on tiny models; the one deliberate fake is a
+corrupted OpenVINO output, wrapped around the real one."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import TwoConvNet, export_to, info_for, structured_images, trained_on
+from onnxruntime import GraphOptimizationLevel
+from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+from quantpipe import bench, data, runtimes
+from quantpipe.bench import Latency, StreamConfig
+from quantpipe.params import BenchParams
+from quantpipe.quant import CalibrationReader
+from quantpipe.runtimes import timing
+
+LEVEL = GraphOptimizationLevel.ORT_ENABLE_ALL
+TINY = BenchParams(batch_sizes=(1, 8), threads=(2, 1), warmup=1, runs=4, rounds=2)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """A trained tiny CNN as FP32, QDQ (the pipeline's static format) and QOperator ONNX, and
+    normalized test samples with labels."""
+    tmp = tmp_path_factory.mktemp("runtimes")
+    split = structured_images(96)
+    info = info_for(split)
+    x = data.normalize(split.x, info)
+    model = trained_on(TwoConvNet(), x, split.y)
+    fp32 = export_to(model, info.input_shape, tmp / "fp32.onnx")
+    paths = {"fp32": fp32}
+    for name, fmt in (("static", QuantFormat.QDQ), ("qoperator", QuantFormat.QOperator)):
+        reader = CalibrationReader(split.x[:32], info, "input", batch_size=8)
+        quantize_static(str(fp32), str(tmp / f"{name}.onnx"), reader, quant_format=fmt,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                        per_channel=True)
+        paths[name] = tmp / f"{name}.onnx"
+    return paths, x, split.y
+
+
+@pytest.fixture(scope="module")
+def engines():
+    return {name: runtimes.get(name, level=LEVEL) for name in runtimes.NAMES}
+
+
+def test_openvino_computes_what_onnx_runtime_computes(models, engines):
+    paths, x, y = models
+    ort, ov = engines["onnxruntime"], engines["openvino"]
+    fp32 = runtimes.parity(ort.runner(paths["fp32"], 1), ov.runner(paths["fp32"], 1), x, y,
+                           batch_size=8, min_agreement=0.995)
+    # FP32 pinned to f32 inference: only summation order differs (logits here are tens).
+    assert fp32.passed and fp32.agreement == 1.0 and fp32.max_abs_diff < 1e-3
+    assert fp32.samples == len(x) and fp32.accuracy == pytest.approx((ort.runner(
+        paths["fp32"], 1)(x).argmax(1) == y).mean())
+    static = runtimes.parity(ort.runner(paths["static"], 2), ov.runner(paths["static"], 2), x, y,
+                             batch_size=5, min_agreement=0.995)  # odd batches: a ragged last one
+    assert static.passed and static.agreement >= 0.99 and np.isfinite(static.max_abs_diff)
+    record = static.as_dict()
+    assert set(record) == {"samples", "agreement", "max_abs_diff", "mean_abs_diff",
+                           "min_agreement", "passed", "accuracy"}
+    assert runtimes.Parity(**{**static.__dict__, "min_agreement": 1.01}).failure().startswith(
+        "its top-1 agrees with ONNX Runtime's on")
+
+
+def test_openvino_streams_run_concurrently_and_agree(models, engines):
+    paths, x, _ = models
+    ov = engines["openvino"]
+    batch = bench.batch_of(x, 8)
+    expected = ov.runner(paths["static"], 1)(batch)
+    pool = ov.pool(paths["static"], streams=2, threads=1)
+    outputs, _ = bench.run_concurrently([lambda run=run: run(batch) for run in pool])
+    assert len(pool) == 2
+    for out in outputs:
+        np.testing.assert_array_equal(out, expected)
+    settings = ov.settings(paths["static"], cores=2)
+    assert settings["latency"]["PERFORMANCE_HINT"] == "LATENCY"
+    assert settings["latency"]["INFERENCE_PRECISION_HINT"] == "f32"
+    assert settings["throughput_hint_streams"] >= 1
+
+
+def test_parity_fails_on_non_finite_outputs():
+    x = np.zeros((4, 1, 2, 2), np.float32)
+    reference = lambda b: np.tile(np.arange(3, dtype=np.float32), (len(b), 1))  # noqa: E731
+    broken = lambda b: np.full((len(b), 3), np.nan, np.float32)  # noqa: E731
+    result = runtimes.parity(reference, broken, x, None, batch_size=2, min_agreement=0.5)
+    assert not result.passed and "non-finite" in result.failure()
+    assert result.accuracy is None and "accuracy" not in result.as_dict()
+
+
+class Corrupted:
+    """The real OpenVINO engine whose outputs for one model are deliberately wrong (the logits
+    reversed: a different top-1 class on almost every sample)."""
+
+    def __init__(self, engine, corrupt_path) -> None:
+        self.engine, self.corrupt_path, self.name = engine, corrupt_path, engine.name
+
+    def version(self):
+        return self.engine.version()
+
+    def settings(self, path, cores):
+        return self.engine.settings(path, cores)
+
+    def _wrap(self, path, run):
+        return (lambda b: run(b)[:, ::-1]) if path == self.corrupt_path else run
+
+    def runner(self, path, threads):
+        return self._wrap(path, self.engine.runner(path, threads))
+
+    def pool(self, path, streams, threads):
+        return [self._wrap(path, run) for run in self.engine.pool(path, streams, threads)]
+
+
+def _time(engines, paths, variant, x, y):
+    models = {variant: paths[variant], "fp32": paths["fp32"]}
+    checks = {m: runtimes.check(engines, p, x, y, threads=2, batch_size=8, min_agreement=0.995)
+              for m, p in models.items()}
+    return checks, timing.time_engines(engines, models, checks, variant, x, (2, 1), 2, TINY)
+
+
+def _engines_used(best: dict) -> set[str]:
+    used = {row["runtime"] for row in best["latency"].values()}
+    return used | {best["throughput"]["runtime"]}
+
+
+def test_corrupted_openvino_output_is_reported_and_left_out_of_best(models, engines):
+    paths, x, y = models
+    corrupted = {"onnxruntime": engines["onnxruntime"],
+                 "openvino": Corrupted(engines["openvino"], paths["static"])}
+    checks, result = _time(corrupted, paths, "static", x, y)
+    ov = result["runtimes"]["openvino"]
+    assert ov["parity"]["passed"] is False and ov["parity"]["agreement"] < 0.5
+    assert ov["failed"].startswith(f"{paths['static']} on OpenVINO: its top-1 agrees with ONNX "
+                                   "Runtime's on")
+    assert "bench.min_runtime_agreement = 0.995" in ov["failed"]
+    # Still timed, so the report can show its rows (marked failed) ...
+    assert set(ov["latency"]) == {"threads2", "threads1"} and ov["throughput"]["best"]["ips"] > 0
+    # ... but never the best static configuration; the FP32 model on OpenVINO is fine and stays
+    # a candidate for the best FP32 one.
+    assert _engines_used(result["best"]) == {"onnxruntime"}
+    assert ov["fp32"]["parity"]["passed"] and "failed" not in ov["fp32"]
+    fp32_best = {row["fp32"]["runtime"] for row in result["best"]["latency"].values()}
+    assert fp32_best <= {"onnxruntime", "openvino"}
+    # The reference rows are whole: the existing keys keep their meaning.
+    assert set(result["latency"]["threads2"]) == {"bs1", "bs8"}
+    assert result["latency"]["threads2"]["bs8"]["speedup"] > 0
+    assert result["runtimes"]["onnxruntime"]["reference"] is True
+    lines = timing.describe_timings(result)
+    assert any(line.startswith("openvino is left out of best:") for line in lines)
+
+
+def test_a_model_openvino_cannot_read_is_a_message_and_the_rest_is_timed(models, engines):
+    """ORT's QOperator format writes com.microsoft QGemm, which OpenVINO's ONNX frontend cannot
+    convert: a real model it rejects."""
+    paths, x, y = models
+    checks, result = _time(engines, paths, "qoperator", x, y)
+    check = checks["qoperator"]["openvino"]
+    assert not check.runs and check.parity is None
+    assert check.failed.startswith(f"{paths['qoperator']}: OpenVINO cannot read or compile it (")
+    assert "No conversion rule found for operations: com.microsoft.QGemm" in check.failed
+    assert "\n" not in check.failed
+    ov = result["runtimes"]["openvino"]
+    assert ov["failed"] == check.failed and "latency" not in ov and "settings" not in ov
+    # FP32 on OpenVINO is parity-checked and timed all the same.
+    assert ov["fp32"]["parity"]["passed"] and set(ov["fp32"]["latency"]) == {"threads2", "threads1"}
+    assert _engines_used(result["best"]) == {"onnxruntime"}
+    assert set(result["best"]["latency"]) == {"bs1", "bs8"}
+    for row in result["best"]["latency"].values():
+        assert row["speedup"] == pytest.approx(row["fp32"]["p50_ms"] / row["p50_ms"], abs=1e-3)
+
+
+def _lat(p50):
+    return Latency(p50_ms=p50, p90_ms=p50, p99_ms=p50, mean_ms=p50, std_ms=0.0,
+                   throughput=1.0, runs=1)
+
+
+def test_best_configuration_picks_the_fastest_trusted_engine_and_setting():
+    grid = {"threads2": {"bs1": {("int8", "a"): _lat(0.05), ("int8", "b"): _lat(0.03),
+                                 ("fp32", "a"): _lat(0.10), ("fp32", "b"): _lat(0.12)},
+                         "bs64": {("int8", "a"): _lat(2.0), ("int8", "b"): _lat(1.0),
+                                  ("fp32", "a"): _lat(3.0), ("fp32", "b"): _lat(4.0)}},
+            "threads1": {"bs1": {("int8", "a"): _lat(0.04), ("int8", "b"): _lat(0.02),
+                                 ("fp32", "a"): _lat(0.2), ("fp32", "b"): _lat(0.09)},
+                         "bs64": {("int8", "a"): _lat(3.0), ("int8", "b"): _lat(1.5),
+                                  ("fp32", "a"): _lat(6.0), ("fp32", "b"): _lat(8.0)}}}
+    one, two = StreamConfig(1, 2), StreamConfig(2, 1)
+    ips = {("int8", "a"): {one: 100.0, two: 150.0}, ("int8", "b"): {one: 300.0, two: 200.0},
+           ("fp32", "a"): {one: 50.0, two: 40.0}, ("fp32", "b"): {one: 30.0, two: 60.0}}
+    best = bench.best_configuration(grid, ips, "int8", ["a", "b"], "fp32", ["a", "b"])
+    assert best["latency"]["bs1"] == {"runtime": "b", "threads": 1, "p50_ms": 0.02, "speedup": 4.5,
+                                      "fp32": {"runtime": "b", "threads": 1, "p50_ms": 0.09}}
+    assert best["latency"]["bs64"]["runtime"] == "b" and best["latency"]["bs64"]["speedup"] == 3.0
+    assert best["throughput"] == {"runtime": "b", "streams": 1, "threads": 2, "ips": 300.0,
+                                  "speedup": 5.0, "fp32": {"runtime": "b", "streams": 2,
+                                                           "threads": 1, "ips": 60.0}}
+    # Engine b untrusted for int8: a's best against FP32's best over both engines.
+    only_a = bench.best_configuration(grid, ips, "int8", ["a"], "fp32", ["a", "b"])
+    assert only_a["latency"]["bs64"] == {"runtime": "a", "threads": 2, "p50_ms": 2.0, "speedup": 1.5,
+                                         "fp32": {"runtime": "a", "threads": 2, "p50_ms": 3.0}}
+    assert only_a["throughput"]["runtime"] == "a" and only_a["throughput"]["speedup"] == 2.5
+    # The baseline itself: its fastest configuration, no speedup.
+    fp32 = bench.best_configuration(grid, ips, "fp32", ["a", "b"], "fp32", ["a", "b"])
+    assert fp32["latency"]["bs1"] == {"runtime": "b", "threads": 1, "p50_ms": 0.09}
+    assert "speedup" not in fp32["throughput"] and fp32["throughput"]["ips"] == 60.0
