@@ -254,8 +254,9 @@ def best_configuration(grid: dict[str, dict[str, dict[tuple[str, str], Latency]]
     """The fastest way to run `model` over `runtimes` and every thread count / stream
     configuration benched: per batch size the lowest median latency, and the highest
     throughput. Unless model is the baseline, each also names the baseline's best over
-    `baseline_runtimes` and speedup = its best / the baseline's best (each side as it would be
-    deployed). Keys of grid and ips are (model, runtime)."""
+    `baseline_runtimes` ("baseline", as rows name FP32 timed in the same rounds) and speedup =
+    its best / the baseline's best (each side as it would be deployed). Keys of grid and ips
+    are (model, runtime)."""
     def fastest(name: str, among: list[str], bs: str) -> dict:
         p50, runtime, count = min((by_size[bs][(name, rt)].p50_ms, rt, count)
                                   for count, by_size in grid.items() for rt in among
@@ -271,11 +272,11 @@ def best_configuration(grid: dict[str, dict[str, dict[tuple[str, str], Latency]]
     throughput = most(model, runtimes) if ips else None
     if model != baseline:
         for bs, row in latency.items():
-            row["fp32"] = fastest(baseline, baseline_runtimes, bs)
-            row["speedup"] = round(row["fp32"]["p50_ms"] / row["p50_ms"], 4)
+            row["baseline"] = fastest(baseline, baseline_runtimes, bs)
+            row["speedup"] = round(row["baseline"]["p50_ms"] / row["p50_ms"], 4)
         if throughput is not None:
-            throughput["fp32"] = most(baseline, baseline_runtimes)
-            throughput["speedup"] = round(throughput["ips"] / throughput["fp32"]["ips"], 4)
+            throughput["baseline"] = most(baseline, baseline_runtimes)
+            throughput["speedup"] = round(throughput["ips"] / throughput["baseline"]["ips"], 4)
     return {"latency": latency, **({"throughput": throughput} if throughput else {})}
 
 

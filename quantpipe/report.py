@@ -44,10 +44,11 @@ def build_summary(evals: dict[str, dict], benches: dict[str, dict],
                 "size_ratio": round(ev["size_bytes"] / fp32["size_bytes"], 4),
                 # Each side at its own best configuration, FP32 timed in the same rounds.
                 "throughput_speedup": b["throughput"]["speedup"]})
-        if "best" in b:  # bench JSON written before engines were compared have neither key
-            entry["best"] = b["best"]
-            entry["runtimes"] = {name: _engine_entry(e, threads) for name, e in b["runtimes"].items()
-                                 if not e.get("reference")}
+        # The fastest engine and setting; the other engines' figures (ONNX Runtime's are the
+        # keys above).
+        entry["best"] = b["best"]
+        entry["runtimes"] = {name: _engine_entry(e, threads) for name, e in b["runtimes"].items()
+                             if not e.get("reference")}
         summary[variant] = entry
     if torch_bench is not None:
         # PyTorch eager vs FP32 ONNX: a speedup below 1 means the ONNX export alone is faster.
@@ -247,8 +248,7 @@ def render_markdown(summary: dict, notes: list[str], profiles: dict[str, dict] |
             *_threads_table(rows, threads, sizes)]
     onnx_rows = {v: s for v, s in rows.items() if "throughput_ips" in s}  # not torch
     text += ["", *_throughput_section(onnx_rows, machine)]
-    if any("best" in s for s in onnx_rows.values()):
-        text += ["", *_engines_section(onnx_rows, sizes, threads[0])]
+    text += ["", *_engines_section(onnx_rows, sizes, threads[0])]
     text += ["", *_memory_section(onnx_rows, sizes, threads[0])]
     if profiles:
         # Where the time goes, from one ORT profile per variant (metrics/bench/<variant>.json).
@@ -348,7 +348,7 @@ def _engines_section(rows: dict[str, dict], sizes: list[str], threads: int) -> l
         engines = {"onnxruntime": {"latency_p50_ms": s["latency_p50_ms"],
                                    "speedup": s.get("speedup", {largest: 1.0}),
                                    "throughput_ips": s["throughput_ips"]},
-                   **s.get("runtimes", {})}
+                   **s["runtimes"]}
         for name, e in engines.items():
             parity = e.get("parity", {})
             trusted = "no" if "failed" in e else ("reference" if name == "onnxruntime" else "yes")
@@ -359,8 +359,7 @@ def _engines_section(rows: dict[str, dict], sizes: list[str], threads: int) -> l
                            _fmt(e.get("throughput_ips"), ",.0f"), trusted])
             if "failed" in e:
                 left_out.append(f"{RUNTIMES[name]} is left out of {variant}'s best: {e['failed']}.")
-        if "best" in s:
-            fastest.append(_fastest_line(variant, s["best"], sizes))
+        fastest.append(_fastest_line(variant, s["best"], sizes))
     return [f"## Engines: the same files on each runtime ({threads} thread(s))", "",
             *_table(head, body), "",
             "Another engine is trusted when its top-1 class agrees with ONNX Runtime's on the test "
@@ -375,14 +374,16 @@ def _fastest_line(variant: str, best: dict, sizes: list[str]) -> str:
     for bs in dict.fromkeys((sizes[0], sizes[-1])):
         b = best["latency"][bs]
         part = f"at {bs} {_setting(b)}, {b['p50_ms']:.3f} ms"
-        if "fp32" in b:
-            part += f" (x{b['speedup']:.2f} the best FP32: {_setting(b['fp32'])}, {b['fp32']['p50_ms']:.3f} ms)"
+        if "baseline" in b:
+            base = b["baseline"]
+            part += f" (x{b['speedup']:.2f} the best FP32: {_setting(base)}, {base['p50_ms']:.3f} ms)"
         parts.append(part)
     t = best.get("throughput")
     if t:
         part = f"throughput {_setting(t)}, {t['ips']:,.0f} images/s"
-        if "fp32" in t:
-            part += f" (x{t['speedup']:.2f} the best FP32: {_setting(t['fp32'])}, {t['fp32']['ips']:,.0f})"
+        if "baseline" in t:
+            base = t["baseline"]
+            part += f" (x{t['speedup']:.2f} the best FP32: {_setting(base)}, {base['ips']:,.0f})"
         parts.append(part)
     return f"**{variant}**: " + "; ".join(parts) + "."
 

@@ -432,7 +432,7 @@ def test_summary_has_the_best_engine_and_the_other_engines(evals, benches):
     best = s["static"]["best"]
     # OpenVINO at half ONNX Runtime's latency, 2 threads; FP32's best is ONNX Runtime's, 2 threads.
     assert best["latency"]["bs64"] == {"runtime": "openvino", "threads": 2, "p50_ms": 0.8,
-                                       "speedup": 5.0, "fp32": {"runtime": "onnxruntime",
+                                       "speedup": 5.0, "baseline": {"runtime": "onnxruntime",
                                                                 "threads": 2, "p50_ms": 4.0}}
     assert best["throughput"]["runtime"] == "openvino" and best["throughput"]["speedup"] == 5.0
     assert set(s["static"]["runtimes"]) == {"openvino"}  # ONNX Runtime's are the variant's own keys

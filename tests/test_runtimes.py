@@ -139,8 +139,8 @@ def test_corrupted_openvino_output_is_reported_and_left_out_of_best(models, engi
     # ... but never the best static configuration; the FP32 model on OpenVINO is fine and stays
     # a candidate for the best FP32 one.
     assert _engines_used(result["best"]) == {"onnxruntime"}
-    assert ov["fp32"]["parity"]["passed"] and "failed" not in ov["fp32"]
-    fp32_best = {row["fp32"]["runtime"] for row in result["best"]["latency"].values()}
+    assert ov["baseline"]["parity"]["passed"] and "failed" not in ov["baseline"]
+    fp32_best = {row["baseline"]["runtime"] for row in result["best"]["latency"].values()}
     assert fp32_best <= {"onnxruntime", "openvino"}
     # The reference rows are whole: the existing keys keep their meaning.
     assert set(result["latency"]["threads2"]) == {"bs1", "bs8"}
@@ -163,11 +163,11 @@ def test_a_model_openvino_cannot_read_is_a_message_and_the_rest_is_timed(models,
     ov = result["runtimes"]["openvino"]
     assert ov["failed"] == check.failed and "latency" not in ov and "settings" not in ov
     # FP32 on OpenVINO is parity-checked and timed all the same.
-    assert ov["fp32"]["parity"]["passed"] and set(ov["fp32"]["latency"]) == {"threads2", "threads1"}
+    assert ov["baseline"]["parity"]["passed"] and set(ov["baseline"]["latency"]) == {"threads2", "threads1"}
     assert _engines_used(result["best"]) == {"onnxruntime"}
     assert set(result["best"]["latency"]) == {"bs1", "bs8"}
     for row in result["best"]["latency"].values():
-        assert row["speedup"] == pytest.approx(row["fp32"]["p50_ms"] / row["p50_ms"], abs=1e-3)
+        assert row["speedup"] == pytest.approx(row["baseline"]["p50_ms"] / row["p50_ms"], abs=1e-3)
 
 
 def _lat(p50):
@@ -189,15 +189,15 @@ def test_best_configuration_picks_the_fastest_trusted_engine_and_setting():
            ("fp32", "a"): {one: 50.0, two: 40.0}, ("fp32", "b"): {one: 30.0, two: 60.0}}
     best = bench.best_configuration(grid, ips, "int8", ["a", "b"], "fp32", ["a", "b"])
     assert best["latency"]["bs1"] == {"runtime": "b", "threads": 1, "p50_ms": 0.02, "speedup": 4.5,
-                                      "fp32": {"runtime": "b", "threads": 1, "p50_ms": 0.09}}
+                                      "baseline": {"runtime": "b", "threads": 1, "p50_ms": 0.09}}
     assert best["latency"]["bs64"]["runtime"] == "b" and best["latency"]["bs64"]["speedup"] == 3.0
     assert best["throughput"] == {"runtime": "b", "streams": 1, "threads": 2, "ips": 300.0,
-                                  "speedup": 5.0, "fp32": {"runtime": "b", "streams": 2,
+                                  "speedup": 5.0, "baseline": {"runtime": "b", "streams": 2,
                                                            "threads": 1, "ips": 60.0}}
     # Engine b untrusted for int8: a's best against FP32's best over both engines.
     only_a = bench.best_configuration(grid, ips, "int8", ["a"], "fp32", ["a", "b"])
     assert only_a["latency"]["bs64"] == {"runtime": "a", "threads": 2, "p50_ms": 2.0, "speedup": 1.5,
-                                         "fp32": {"runtime": "a", "threads": 2, "p50_ms": 3.0}}
+                                         "baseline": {"runtime": "a", "threads": 2, "p50_ms": 3.0}}
     assert only_a["throughput"]["runtime"] == "a" and only_a["throughput"]["speedup"] == 2.5
     # The baseline itself: its fastest configuration, no speedup.
     fp32 = bench.best_configuration(grid, ips, "fp32", ["a", "b"], "fp32", ["a", "b"])

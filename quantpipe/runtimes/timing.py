@@ -20,7 +20,7 @@ def time_engines(engines: dict[str, Runtime], models: dict[str, Path],
     Returns "latency" and "throughput" of the reference engine (rows_against and
     throughput_against FP32 on it: the keys every earlier bench had), "runtimes": per engine
     its version and settings and, for the others, parity, why it failed, and its rows against
-    FP32 on the reference engine (and FP32's own under "fp32"), and "best": the fastest
+    FP32 on the reference engine (and the FP32 model's own on it under "baseline"), and "best": the fastest
     trusted engine and configuration against the best trusted FP32 one (best_configuration).
     """
     # An engine that failed parity is still timed (its rows are shown, marked failed).
@@ -53,7 +53,7 @@ def time_engines(engines: dict[str, Runtime], models: dict[str, Path],
         else:
             entry.update(record(variant, name))
             if variant != "fp32":
-                entry["fp32"] = record("fp32", name)
+                entry["baseline"] = record("fp32", name)
         if checks[variant][name].runs:
             entry["settings"] = engine.settings(models[variant], cores)
         records[name] = entry
