@@ -13,7 +13,7 @@ export PATH := $(BIN):$(PATH)
 export DVC_NO_ANALYTICS := 1
 REV ?= main
 
-.PHONY: env repro test diff diff-all plots clean
+.PHONY: env repro test test-all test-slow diff diff-all plots clean
 
 env: $(STAMP)
 
@@ -29,8 +29,15 @@ repro: env
 	@echo "Outputs: data/ (splits, calibration), models/ (model.pt, exported/fp32/dynamic/static/qat .onnx),"
 	@echo "         metrics/ (summary.json, report.md, per-stage JSON). Compare with: make diff"
 
+# `slow` tests (every torchvision family end to end, several minutes) are left to test-all.
 test: env
+	python -m pytest -q -m "not slow" tests
+
+test-all: env
 	python -m pytest -q tests
+
+test-slow: env
+	python -m pytest -q -m slow tests
 
 # Code review: the summary metrics and the params of the work tree against REV (default
 # main), and whether both were measured on the same kind of machine. `make diff-all` adds

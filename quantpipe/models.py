@@ -92,7 +92,11 @@ def check_model_name(name: str) -> None:
 
 
 def build_model(name: str, channels: int, image_size: int, num_classes: int) -> nn.Module:
-    """A freshly initialised model; call torch.manual_seed first for reproducible weights."""
+    """A freshly initialised model; call torch.manual_seed first for reproducible weights.
+
+    A model that cannot take (C, image_size, image_size) inputs raises UserError naming the
+    constraint and the nearest prepare.image_size it takes.
+    """
     if name == "simple_cnn":
         return SimpleCNN(channels, image_size, num_classes)
     if name == "mnist_net":
@@ -100,12 +104,110 @@ def build_model(name: str, channels: int, image_size: int, num_classes: int) -> 
             raise UserError(f"train.model = mnist_net needs prepare.image_size >= 6, got {image_size}")
         return MnistNet(channels, image_size, num_classes)
     check_model_name(name)
-    import torchvision
-
-    model = torchvision.models.get_model(name, weights=None, num_classes=num_classes)
+    model = _torchvision_model(name, image_size, num_classes)
     if channels != 3:
         _replace_first_conv(model, channels)
+    if name in AUX_HEADS and not _runs_at(model, channels, image_size):
+        # The auxiliary classifiers only help training and need larger maps than the network
+        # (Inception v3's: 299 px); below that, the network without them.
+        model = _torchvision_model(name, image_size, num_classes, aux_logits=False)
+        if channels != 3:
+            _replace_first_conv(model, channels)
+    check_input_size(model, name, channels, image_size)
     return model
+
+
+# Models with auxiliary classifiers in training (their losses: _logits_and_loss).
+AUX_HEADS = ("googlenet", "inception_v3")
+
+
+# ViT cuts the image into patches of this many pixels (the name's last number: vit_b_16).
+def _vit_patch(name: str) -> int:
+    return int(name.rsplit("_", 1)[1])
+
+
+MAXVIT_STRIDE = 32  # MaxViT halves the image five times; every stage's map is partitioned
+
+
+def _torchvision_model(name: str, image_size: int, num_classes: int, **kwargs) -> nn.Module:
+    """torchvision's builder, given the image size where the architecture is sized from it."""
+    import torchvision
+
+    if name.startswith("vit_"):
+        # Position embeddings are sized for the image at build time; it must be whole patches.
+        patch = _vit_patch(name)
+        if image_size % patch:
+            nearest = max(patch, round(image_size / patch) * patch)
+            raise UserError(f"train.model = {name} cuts images into {patch}x{patch} patches, so "
+                            f"prepare.image_size must be a multiple of {patch} (got {image_size}); "
+                            f"the nearest valid prepare.image_size is {nearest}")
+        return torchvision.models.get_model(name, weights=None, num_classes=num_classes,
+                                            image_size=image_size)
+    if name.startswith("maxvit"):
+        return _maxvit(name, image_size, num_classes)
+    # GoogLeNet/Inception: keep today's weight init (torchvision warns it will change).
+    extra = {"init_weights": True} if name in AUX_HEADS else {}
+    return torchvision.models.get_model(name, weights=None, num_classes=num_classes, **extra,
+                                        **kwargs)
+
+
+def _maxvit(name: str, image_size: int, num_classes: int) -> nn.Module:
+    """MaxViT with its attention partition fitted to the image: torchvision's maxvit_t uses 7x7
+    windows, which only divide the feature maps of 224-multiples; the same network with the
+    largest partition <= 7 that divides the last stage's map runs at any multiple of 32
+    (224: torchvision's own maxvit_t)."""
+    from torchvision.models.maxvit import MaxVit
+
+    if image_size % MAXVIT_STRIDE:
+        nearest = max(MAXVIT_STRIDE, round(image_size / MAXVIT_STRIDE) * MAXVIT_STRIDE)
+        raise UserError(f"train.model = {name} halves the image five times and partitions every "
+                        f"stage, so prepare.image_size must be a multiple of {MAXVIT_STRIDE} "
+                        f"(got {image_size}); the nearest valid prepare.image_size is {nearest}")
+    last = image_size // MAXVIT_STRIDE
+    partition = max(p for p in range(1, 8) if last % p == 0)
+    return MaxVit(input_size=(image_size, image_size), stem_channels=64, partition_size=partition,
+                  block_channels=[64, 128, 256, 512], block_layers=[2, 2, 5, 2], head_dim=32,
+                  stochastic_depth_prob=0.2, num_classes=num_classes)
+
+
+def check_input_size(model: nn.Module, name: str, channels: int, image_size: int) -> None:
+    """One forward pass at the configured size; if the model cannot take it (too small for its
+    pooling and strides), a UserError with the smallest size it takes."""
+    if _runs_at(model, channels, image_size):
+        return
+    low, high = image_size, 2 * image_size
+    while not _runs_at(model, channels, high):
+        low, high = high, 2 * high
+        if high > 4096:
+            raise UserError(f"train.model = {name} does not run on {channels}-channel images of "
+                            f"{image_size} px, nor on larger ones up to 4096 px")
+    while high - low > 1:  # the smallest size that runs, between a failing and a running one
+        mid = (low + high) // 2
+        low, high = (low, mid) if _runs_at(model, channels, mid) else (mid, high)
+    raise UserError(f"train.model = {name} needs images of at least {high} px: its pooling and "
+                    f"strides leave nothing of {image_size} px; the nearest valid "
+                    f"prepare.image_size is {high}")
+
+
+@torch.no_grad()
+def _runs_at(model: nn.Module, channels: int, size: int) -> bool:
+    """Whether the model runs on (C, size, size) images both for inference and in training,
+    where GoogLeNet's and Inception's auxiliary classifiers need larger maps than the main
+    head. BatchNorm's running statistics are restored: probing does not change the model."""
+    was_training = model.training
+    buffers = {name: b.clone() for name, b in model.named_buffers()}
+    try:
+        model.eval()
+        model(torch.zeros(1, channels, size, size))
+        model.train()
+        model(torch.zeros(2, channels, size, size))  # BatchNorm in training needs 2 samples
+        return True
+    except (RuntimeError, ValueError, AssertionError):  # what shape errors raise in torch
+        return False
+    finally:
+        for name, buffer in model.named_buffers():  # in place: no load_state_dict hooks
+            buffer.copy_(buffers[name])
+        model.train(was_training)
 
 
 def _replace_first_conv(model: nn.Module, channels: int) -> None:
@@ -165,8 +267,7 @@ def train_model(model: nn.Module, x_train: np.ndarray, y_train: np.ndarray,
             xb = _random_shift(x_all[idx], max_shift, background, gen)
             yb = y_all[idx]
             optimizer.zero_grad()
-            logits = model(xb)
-            loss = F.cross_entropy(logits, yb)
+            logits, loss = _logits_and_loss(model(xb), yb)
             loss.backward()
             optimizer.step()
             step += 1
@@ -188,6 +289,26 @@ def train_model(model: nn.Module, x_train: np.ndarray, y_train: np.ndarray,
                   f"{h.val_accuracy:.4f} ({h.seconds:.1f}s)", flush=True)
     model.eval()
     return history
+
+
+def _logits_and_loss(output, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-entropy of the logits, plus the auxiliary classifiers' that GoogLeNet and Inception
+    v3 return in training mode, weighted as torchvision's reference training does (0.3 each,
+    0.4). In eval mode (export, evaluation) they return the logits alone."""
+    from torchvision.models import GoogLeNetOutputs, InceptionOutputs
+
+    if isinstance(output, GoogLeNetOutputs):
+        aux, weight = [output.aux_logits1, output.aux_logits2], 0.3
+    elif isinstance(output, InceptionOutputs):
+        aux, weight = [output.aux_logits], 0.4
+    else:
+        return output, F.cross_entropy(output, y)
+    logits = output.logits
+    loss = F.cross_entropy(logits, y)
+    for head in aux:
+        if head is not None:
+            loss = loss + weight * F.cross_entropy(head, y)
+    return logits, loss
 
 
 def _random_shift(x: torch.Tensor, max_shift: int, background: torch.Tensor,

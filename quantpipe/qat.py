@@ -108,6 +108,11 @@ def backend_config():
     return config
 
 
+class Unsupported(UserError):
+    """QAT cannot handle this model (tracing or exporting it); the stage skips QAT, saying why,
+    and the other variants go on."""
+
+
 class _Skip(nn.Module):
     """Stands in for a module that is the identity at inference. Not a torch.nn class, so the
     FX tracer traces through it and the module leaves no node behind."""
@@ -133,6 +138,14 @@ def without_train_only_modules(model: nn.Module) -> int:
             if isinstance(child, (nn.modules.dropout._DropoutNd, StochasticDepth)):
                 setattr(parent, name, _Skip())
                 replaced += 1
+    # GoogLeNet's/Inception's auxiliary classifiers: traced in training mode they would stay
+    # in the exported graph (and return a tuple); they only ever helped training.
+    if getattr(model, "aux_logits", False):
+        model.aux_logits = False
+        for head in ("aux1", "aux2", "AuxLogits"):
+            if getattr(model, head, None) is not None:
+                setattr(model, head, None)
+                replaced += 1
     return replaced
 
 
@@ -152,9 +165,8 @@ def prepare(model: nn.Module, input_shape: tuple[int, ...], per_channel: bool,
             return prepare_qat_fx(model, qconfig_mapping(per_channel), example,
                                   backend_config=backend_config())
     except Exception as e:  # symbolic tracing fails on data-dependent control flow
-        raise UserError(f"train.model = {name!r}: torch.fx cannot trace it for quantization-aware "
-                        f"training ({type(e).__name__}: {str(e).splitlines()[0][:160]}); set "
-                        "quantize_qat.enabled: false") from None
+        raise Unsupported(f"train.model = {name!r}: torch.fx cannot trace it for quantization-aware "
+                          f"training ({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
 
 
 def fake_quants(model: nn.Module) -> list[nn.Module]:
@@ -285,16 +297,23 @@ def fold_batch_norms(qmodel: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return qmodel
 
 
-def export_qdq(qmodel: nn.Module, input_shape: tuple[int, ...], opset: int) -> onnx.ModelProto:
+def export_qdq(qmodel: nn.Module, input_shape: tuple[int, ...], opset: int,
+               name: str) -> onnx.ModelProto:
     """TorchScript export (the dynamo exporter has no fake-quant -> QDQ lowering) with a dynamic
     batch axis, then written the way ORT's quantize_static writes QDQ (`as_ort_qdq`)."""
     qmodel.eval()
     buffer = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(qmodel, (torch.zeros((1, *input_shape)),), buffer, dynamo=False,
-                          opset_version=opset, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
-                          dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}})
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(qmodel, (torch.zeros((1, *input_shape)),), buffer, dynamo=False,
+                              opset_version=opset, input_names=[INPUT_NAME],
+                              output_names=[OUTPUT_NAME],
+                              dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}})
+    except Exception as e:  # e.g. VGG's adaptive pooling up from a 1x1 map at small sizes
+        raise Unsupported(f"train.model = {name!r}: the TorchScript exporter cannot write its "
+                          f"fake-quant model as QDQ ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:160]})") from None
     return as_ort_qdq(onnx.load_from_string(buffer.getvalue()))
 
 

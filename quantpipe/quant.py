@@ -153,15 +153,21 @@ def activation_bytes_per_sample(model: onnx.ModelProto) -> int:
 def calibration_plan(model: onnx.ModelProto, p: QuantizeStaticParams, n_samples: int) -> tuple[int, dict]:
     """(samples to use, extra options) that keep calibration within p.calib_memory_mb.
 
-    MinMax can reduce ranges as it goes (CalibMaxIntermediateOutputs, same result, bounded
-    memory); Entropy/Percentile keep every output until the end (ORT issue #10503), so they get
-    the first samples that fit.
+    MinMax reduces ranges slice by slice (CalibStridedMinMax: calibrate() collects each slice
+    of samples that fits and merges its min/max with the others': every sample, the same
+    ranges, bounded memory). Not with CalibMaxIntermediateOutputs: ORT (1.32) clears the
+    outputs it has collected when it reaches that count without reducing them first, so only
+    the samples after the last clearing count, and none at all when the count is 1.
+    Entropy/Percentile keep every output until the end (ORT issue #10503), so they get the
+    first samples that fit.
     """
     per_sample = max(activation_bytes_per_sample(model), 1)
     fit = max(1, int(p.calib_memory_mb * 2**20 // per_sample))
     if p.calibrate_method == CalibrationMethod.MinMax:
-        batches = max(1, fit // p.calib_batch_size)
-        return n_samples, {"CalibMaxIntermediateOutputs": batches}
+        if fit >= n_samples:
+            return n_samples, {}
+        # Whole batches per slice, at least one.
+        return n_samples, {"CalibStridedMinMax": max(1, fit // p.calib_batch_size) * p.calib_batch_size}
     if fit < n_samples:
         log.warning("quantize_static: %s calibration keeps every activation in memory; using %d of "
                     "%d samples to stay within calib_memory_mb = %d", p.calibrate_method.name, fit,

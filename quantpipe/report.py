@@ -9,7 +9,7 @@ from quantpipe.params import RUNTIMES, GatesParams
 
 QUANTIZED = ("dynamic", "static", "qat")
 # Top-level summary keys that are not model rows.
-RECORDS = ("machine", "skipped")
+RECORDS = ("machine", "skipped", "recommended")
 # Below this FP32 latency (ms) per-run overhead, not arithmetic, decides INT8 vs FP32.
 TINY_MODEL_MS = 0.05
 
@@ -115,6 +115,61 @@ def _latency(rows_by_threads: dict[str, dict], threads: list[int], with_speedup:
             entry["speedup"] = {bs: r["speedup"] for bs, r in rows.items()}
         by_threads[f"threads{count}"] = entry
     return {**by_threads[f"threads{threads[0]}"], "by_threads": by_threads}
+
+
+def recommend(summary: dict, gates: GatesParams) -> dict[str, dict]:
+    """The variant to ship per batch size: the fastest (its `best` configuration) among FP32 and
+    the quantized variants that keep within gates.max_accuracy_drop_pp and are no slower than
+    FP32 in any measurement at that batch size — every thread count on ONNX Runtime and the
+    best configurations against each other. FP32 when none is; `why` says what decided it."""
+    fp32 = summary["fp32"]
+    recommended = {}
+    for bs in fp32["latency_p50_ms"]:
+        candidates, reasons = [], []
+        for variant in quantized_of(summary):
+            entry = summary[variant]
+            speedups = {f"{count.removeprefix('threads')} thread(s)": row["speedup"][bs]
+                        for count, row in entry["by_threads"].items()}
+            speedups["best configurations"] = entry["best"]["latency"][bs]["speedup"]
+            slower = {k: v for k, v in speedups.items() if v < 1.0}
+            if entry["accuracy_drop_pp"] > gates.max_accuracy_drop_pp:
+                reasons.append(f"{variant} loses {entry['accuracy_drop_pp']:.2f} pp > "
+                               f"gates.max_accuracy_drop_pp")
+            elif slower:
+                reasons.append(f"{variant} is slower than FP32 ("
+                               + ", ".join(f"x{v:.2f} at {k}" for k, v in slower.items()) + ")")
+            else:
+                candidates.append(variant)
+        pick, why = _fastest_then_most_accurate(summary, candidates, bs)
+        best = summary[pick]["best"]["latency"][bs]
+        row = {"variant": pick, "runtime": best["runtime"], "threads": best["threads"],
+               "p50_ms": best["p50_ms"]}
+        if pick != "fp32":
+            row["speedup"] = best["speedup"]
+        row["why"] = why if pick != "fp32" else ("; ".join(reasons) or "no quantized variant")
+        recommended[bs] = row
+    return recommended
+
+
+# Best latencies within this fraction of the fastest are the same speed: run-to-run noise at
+# bs1 is about that (README), and a recommendation should not flip with it.
+SAME_SPEED = 0.10
+
+
+def _fastest_then_most_accurate(summary: dict, candidates: list[str], bs: str) -> tuple[str, str]:
+    """Among candidates as fast as the fastest (within SAME_SPEED), the most accurate."""
+    if not candidates:
+        return "fp32", ""
+    p50 = {v: summary[v]["best"]["latency"][bs]["p50_ms"] for v in candidates}
+    fastest = min(p50, key=p50.get)
+    tied = [v for v in candidates if p50[v] <= p50[fastest] * (1 + SAME_SPEED)]
+    pick = max(tied, key=lambda v: (summary[v]["accuracy"], -p50[v]))
+    among = ("of the variants within the accuracy gate and faster than FP32 everywhere ("
+             + ", ".join(candidates) + ")")
+    if pick == fastest:
+        return pick, f"the fastest {among}"
+    return pick, (f"as fast as {fastest} (within {SAME_SPEED:.0%}) and more accurate "
+                  f"({summary[pick]['accuracy']:.4f} vs {summary[fastest]['accuracy']:.4f}), {among}")
 
 
 def check_gates(summary: dict, gates: GatesParams) -> list[str]:
@@ -241,6 +296,7 @@ def render_markdown(summary: dict, notes: list[str], profiles: dict[str, dict] |
     text = ["# quantpipe results", "",
             f"Measured on {describe(machine)}. Speedups are measured against FP32 in the same "
             "interleaved rounds, on this machine only.", "",
+            *_recommendation(summary, sizes, notes),
             f"## {_threads_title(threads[0], machine)}", "",
             *_headline_table(rows, sizes), "",
             *_routes_section(summary, sizes), "",
@@ -256,9 +312,25 @@ def render_markdown(summary: dict, notes: list[str], profiles: dict[str, dict] |
         text += ["", f"Kernel time at bs{first['batch_size']} ({first['threads']} thread(s), ORT "
                  "profile): " + "; ".join(f"{v} {describe_profile(p)}" for v, p in profiles.items())
                  + "."]
-    if notes:
-        text += ["", *[f"- {n}" for n in notes]]
     return "\n".join(text) + "\n"
+
+
+def _recommendation(summary: dict, sizes: list[str], notes: list[str]) -> list[str]:
+    """The first lines: what to ship per batch size, then every note on INT8 that does not pay
+    (or gains less than it could) with its evidence."""
+    lines = []
+    for bs, r in summary.get("recommended", {}).items():
+        where = f"{RUNTIMES[r['runtime']]}, {r['threads']} thread{'s' * (r['threads'] != 1)}"
+        gain = f", x{r['speedup']:.2f} the best FP32" if "speedup" in r else ""
+        lines.append(f"- **{bs}: ship `{r['variant']}`** ({where}, {r['p50_ms']:.3f} ms{gain}): "
+                     f"{r['why']}.")
+    if lines:
+        lines = ["**Recommended** (by latency, within `gates.max_accuracy_drop_pp`, never slower "
+                 "than FP32):", "", *lines]
+    if notes:
+        lines += (["", "**Where INT8 does not pay (or pays less)**:", ""] if lines else []) \
+            + [f"- {n}" for n in notes]
+    return [*lines, ""] if lines else []
 
 
 def _threads_title(count: int, machine: dict) -> str:

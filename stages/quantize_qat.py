@@ -63,7 +63,10 @@ def main() -> None:
     model = models.load_weights(
         models.build_model(name, info.channels, info.image_size, info.num_classes), MODEL)
     removed = qat.without_train_only_modules(model)
-    qmodel = qat.prepare(model, info.input_shape, p.per_channel, name)
+    try:
+        qmodel = qat.prepare(model, info.input_shape, p.per_channel, name)
+    except qat.Unsupported as e:
+        return skip(str(e))
     qat.calibrate(qmodel, data.normalize(calib.x, info), p.calib_batch_size)
     x_val = data.normalize(val.x, info)
     # What fake quantization with calibrated ranges alone gives (PTQ in PyTorch): the baseline
@@ -76,7 +79,10 @@ def main() -> None:
     trained = models.predict_torch(qmodel, x_test)  # the fake-quant model as trained
     qmodel = qat.fold_batch_norms(qmodel)
     expected = models.predict_torch(qmodel, x_test)  # ... and as exported (BN folded)
-    proto = qat.export_qdq(qmodel, info.input_shape, params.export.opset)
+    try:
+        proto = qat.export_qdq(qmodel, info.input_shape, params.export.opset, name)
+    except qat.Unsupported as e:
+        return skip(str(e))
     blob = onnxutil.check_and_serialize(proto, str(QAT))
     seconds = round(time.perf_counter() - start, 2)
 

@@ -21,6 +21,7 @@ def main() -> None:
     torch_bench = read_json("metrics/bench/torch.json")
     summary = report.build_summary(evals, benches,
                                    None if "skipped" in torch_bench else torch_bench)
+    summary["recommended"] = report.recommend(summary, params.gates)
     profiles = {v: b["kernel_profile"] for v, b in benches.items() if "kernel_profile" in b}
     notes = (report.slowdown_notes(summary, evals, summary["machine"], profiles)
              + report.thread_scaling_notes(summary))

@@ -471,6 +471,45 @@ def test_summary_of_an_improving_variant_has_a_negative_drop(evals, benches):
     assert report.build_summary(evals, benches)["static"]["accuracy_drop_pp"] == pytest.approx(-0.5)
 
 
+# --- recommended --------------------------------------------------------------------------------
+
+def test_recommended_is_the_fastest_within_the_gate_and_the_more_accurate_of_equals(evals, benches):
+    summary = report.build_summary(evals, benches)
+    rec = report.recommend(summary, GatesParams())
+    assert set(rec) == {"bs1", "bs64"}
+    # static and qat are equally fast (within 10%) on OpenVINO at 2 threads; qat is more accurate.
+    assert rec["bs64"]["variant"] == "qat" and rec["bs64"]["runtime"] == "openvino"
+    assert rec["bs64"]["threads"] == 2 and rec["bs64"]["p50_ms"] == summary["qat"]["best"]["latency"]["bs64"]["p50_ms"]
+    assert rec["bs64"]["speedup"] == summary["qat"]["best"]["latency"]["bs64"]["speedup"]
+    assert rec["bs64"]["why"].startswith("as fast as static (within 10%) and more accurate (0.9750 vs 0.9700)")
+    evals["qat"]["accuracy"] = 0.96  # now over the 1.0 pp gate
+    rec = report.recommend(report.build_summary(evals, benches), GatesParams())
+    assert rec["bs64"]["variant"] == "static"
+    assert rec["bs64"]["why"] == ("the fastest of the variants within the accuracy gate and faster "
+                                  "than FP32 everywhere (dynamic, static)")
+
+
+def test_recommended_never_names_a_variant_slower_than_fp32_anywhere(evals, benches):
+    # static: fast on one thread and at its best, but x0.8 on 2 threads at bs1.
+    benches["static"]["latency"]["threads2"]["bs1"] = _row(0.125, 0.1)
+    for v in ("dynamic", "qat"):
+        evals[v]["accuracy"] = 0.9  # out of the gate
+    summary = report.build_summary(evals, benches)
+    rec = report.recommend(summary, GatesParams())
+    assert rec["bs1"]["variant"] == "fp32" and "speedup" not in rec["bs1"]
+    assert rec["bs1"]["runtime"] == summary["fp32"]["best"]["latency"]["bs1"]["runtime"]
+    assert rec["bs1"]["why"] == ("dynamic loses 8.00 pp > gates.max_accuracy_drop_pp; static is "
+                                 "slower than FP32 (x0.80 at 2 thread(s)); qat loses 8.00 pp > "
+                                 "gates.max_accuracy_drop_pp")
+    assert rec["bs64"]["variant"] == "static"
+    summary["recommended"] = rec
+    text = report.render_markdown(summary, ["static is slower than FP32 at bs1: why."])
+    head = text.split("## ")[0]  # before the first table
+    assert "- **bs1: ship `fp32`** (" in head and "static is slower than FP32 (x0.80 at 2 thread(s))" in head
+    assert "- **bs64: ship `static`** (OpenVINO, 2 threads" in head
+    assert "**Where INT8 does not pay (or pays less)**:\n\n- static is slower than FP32 at bs1: why." in head
+
+
 # --- gates ------------------------------------------------------------------------------------
 
 def _summary(static_drop=0.2, dynamic_drop=0.1, static_speedup=None):

@@ -69,6 +69,62 @@ def test_mobilenet_v3_small_with_three_channels():
     assert _forward(model, 2, 3, 32).shape == (2, 7)
 
 
+# --- input constraints: one line naming the constraint and the nearest valid image size ------
+
+@pytest.mark.parametrize("name, channels, size, message", [
+    ("vit_b_16", 3, 30, "train.model = vit_b_16 cuts images into 16x16 patches, so "
+     "prepare.image_size must be a multiple of 16 (got 30); the nearest valid prepare.image_size is 32"),
+    ("vit_b_32", 1, 8, "the nearest valid prepare.image_size is 32"),
+    ("maxvit_t", 3, 40, "must be a multiple of 32 (got 40); the nearest valid prepare.image_size is 32"),
+    ("alexnet", 1, 32, "train.model = alexnet needs images of at least 63 px: its pooling and "
+     "strides leave nothing of 32 px; the nearest valid prepare.image_size is 63"),
+    ("inception_v3", 1, 32, "needs images of at least 75 px"),
+    ("squeezenet1_0", 3, 16, "needs images of at least 21 px"),
+])
+def test_an_image_size_a_model_cannot_take_names_the_nearest_valid_one(name, channels, size, message):
+    with pytest.raises(UserError) as info:
+        models.build_model(name, channels, size, num_classes=4)
+    assert message in str(info.value) and "\n" not in str(info.value)
+    nearest = int(str(info.value).rsplit(" ", 1)[1])
+    torch.manual_seed(0)  # the printed size works
+    assert _forward(models.build_model(name, channels, nearest, 4), 2, channels, nearest).shape == (2, 4)
+
+
+def test_probing_the_input_size_leaves_the_model_unchanged():
+    torch.manual_seed(0)
+    model = models.build_model("densenet121", 1, 32, num_classes=4)  # BatchNorm throughout
+    before = models.state_dict_bytes(model)
+    assert models._runs_at(model, 1, 32) and not models._runs_at(model, 1, 16)
+    assert models.state_dict_bytes(model) == before and model.training  # built in train mode
+
+
+def test_maxvit_partitions_fit_the_image():
+    from torchvision.models.maxvit import MaxVit
+
+    for size, partition in ((32, 1), (64, 2), (96, 3), (224, 7)):
+        model = models.build_model("maxvit_t", 3, size, num_classes=4)
+        assert isinstance(model, MaxVit) and model.partition_size == partition
+    assert _forward(model, 1, 3, 224).shape == (1, 4)
+
+
+def test_auxiliary_classifiers_train_with_their_reference_weights():
+    """GoogLeNet keeps its two auxiliary heads at 32 px and their losses count (0.3 each);
+    Inception v3's need 299 px, so at 75 px it is built without them."""
+    torch.manual_seed(0)
+    googlenet = models.build_model("googlenet", 1, 32, num_classes=4)
+    assert googlenet.aux_logits
+    googlenet.train()
+    y = torch.tensor([0, 1, 2, 3])
+    out = googlenet(torch.randn(4, 1, 32, 32))
+    logits, loss = models._logits_and_loss(out, y)
+    ce = torch.nn.functional.cross_entropy
+    expected = ce(out.logits, y) + 0.3 * (ce(out.aux_logits1, y) + ce(out.aux_logits2, y))
+    assert logits is out.logits and torch.allclose(loss, expected)
+    inception = models.build_model("inception_v3", 3, 75, num_classes=4)
+    assert not inception.aux_logits
+    assert _forward(googlenet, 2, 1, 32).shape == (2, 4)  # eval: the logits alone
+
+
 @pytest.mark.parametrize("name", ["resnet19", "mnist-net", "not_a_model"])
 def test_unknown_model_name_is_a_user_error(name):
     with pytest.raises(UserError) as info:

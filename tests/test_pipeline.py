@@ -37,7 +37,12 @@ def test_first_repro_runs_every_stage_and_writes_the_contract(project):
     for name in ("model.pt", "exported.onnx", "fp32.onnx", "dynamic.onnx", "static.onnx", "qat.onnx"):
         assert (repo / "models" / name).stat().st_size > 0
     summary = json.loads((repo / "metrics/summary.json").read_text())
-    assert set(summary) == {"fp32", "dynamic", "static", "qat", "torch", "machine"}
+    assert set(summary) == {"fp32", "dynamic", "static", "qat", "torch", "machine", "recommended"}
+    for bs, pick in summary["recommended"].items():  # never a variant slower than FP32
+        if pick["variant"] != "fp32":
+            entry = summary[pick["variant"]]
+            assert all(row["speedup"][bs] >= 1.0 for row in entry["by_threads"].values())
+            assert pick["speedup"] == entry["best"]["latency"][bs]["speedup"] >= 1.0
     cores = summary["machine"]["cores"]
     threads = {f"threads{cores}", "threads1"}  # bench.threads: [all, 1]
     deploy = {"by_threads", "throughput_ips", "throughput_config", "peak_rss_mb", "load_ms",

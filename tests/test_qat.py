@@ -13,7 +13,7 @@ from onnx import numpy_helper
 from torch import nn
 
 from helpers import OPSET, info_for, structured_images, trained_on
-from quantpipe import data, onnxutil, qat
+from quantpipe import data, models, onnxutil, qat
 from quantpipe.errors import UserError
 
 SHAPE = (1, 12, 12)
@@ -173,7 +173,7 @@ def test_export_equals_the_fake_quant_model_and_runs_on_int8_kernels(digits, tmp
     split, x = digits
     qmodel = qat.fold_batch_norms(finetuned(x, split.y))
     expected = logits(qmodel, x)
-    model = qat.export_qdq(qmodel, SHAPE, OPSET)
+    model = qat.export_qdq(qmodel, SHAPE, OPSET, "test")
     onnx.checker.check_model(model)
     step = qat.output_step(model)
     for level in (NONE, ALL):  # the QDQ graph as written, and as ORT fuses it
@@ -193,7 +193,7 @@ def test_export_equals_the_fake_quant_model_and_runs_on_int8_kernels(digits, tmp
 def test_weights_are_stored_int8_and_dequantize_to_the_fake_quant_weights(digits):
     split, x = digits
     qmodel = qat.fold_batch_norms(finetuned(x, split.y))
-    model = qat.export_qdq(qmodel, SHAPE, OPSET)
+    model = qat.export_qdq(qmodel, SHAPE, OPSET, "test")
     inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     weights = {n.input[0]: n for n in model.graph.node
                if n.op_type == "DequantizeLinear" and inits.get(n.input[0]) is not None
@@ -227,9 +227,31 @@ def test_a_model_fx_cannot_trace_is_a_clear_error():
                 x = -x
             return self.fc(torch.flatten(x, 1))
 
-    with pytest.raises(UserError, match="train.model = 'branchy': torch.fx cannot trace it.*"
-                                        "quantize_qat.enabled: false"):
+    # Unsupported: the stage skips QAT with this line as the reason; the other variants go on.
+    with pytest.raises(qat.Unsupported, match="train.model = 'branchy': torch.fx cannot trace it"):
         qat.prepare(Branchy(), SHAPE, True, "branchy")
+    assert issubclass(qat.Unsupported, UserError)
+
+
+def test_a_model_the_exporter_cannot_write_is_unsupported_not_a_crash():
+    """VGG at 32 px pools a 1x1 map up to 7x7 (AdaptiveAvgPool2d), which the TorchScript
+    exporter refuses; GoogLeNet's auxiliary classifiers are dropped for QAT and it exports."""
+    x = np.random.default_rng(0).standard_normal((4, 3, 32, 32)).astype(np.float32)
+    for name in ("vgg11", "googlenet"):
+        torch.manual_seed(0)
+        model = models.build_model(name, 3, 32, num_classes=4)
+        removed = qat.without_train_only_modules(model)
+        qmodel = qat.prepare(model, (3, 32, 32), True, name)
+        qat.calibrate(qmodel, x, batch_size=4)
+        qmodel = qat.fold_batch_norms(qmodel.eval())
+        if name == "vgg11":
+            with pytest.raises(qat.Unsupported, match="train.model = 'vgg11': the TorchScript "
+                                                      "exporter cannot write its fake-quant model"):
+                qat.export_qdq(qmodel, (3, 32, 32), OPSET, name)
+        else:
+            assert removed >= 2 and model.aux1 is None and not model.aux_logits
+            proto = qat.export_qdq(qmodel, (3, 32, 32), OPSET, name)
+            assert len(proto.graph.output) == 1  # the logits, no auxiliary outputs
 
 
 def test_the_torchvision_families_export_fused(tmp_path):
@@ -244,5 +266,5 @@ def test_the_torchvision_families_export_fused(tmp_path):
         qmodel = qat.prepare(model, (3, 32, 32), True, name)
         qat.calibrate(qmodel, x, batch_size=8)
         qmodel = qat.fold_batch_norms(qmodel.eval())
-        ops = optimized_ops(qat.export_qdq(qmodel, (3, 32, 32), OPSET), tmp_path)
+        ops = optimized_ops(qat.export_qdq(qmodel, (3, 32, 32), OPSET, name), tmp_path)
         assert "QLinearConv" in ops and not {"Conv", "Clip", "BatchNormalization"} & set(ops), name

@@ -418,8 +418,23 @@ def test_calibration_plan_bounds_memory():
     assert quant.calibration_plan(model, entropy, 10) == (8, {})
     assert quant.calibration_plan(model, entropy, 3) == (3, {})  # one short batch is equal too
     minmax = QuantizeStaticParams(calib_memory_mb=16, calib_batch_size=4)
-    # MinMax reduces ranges as it goes: every sample, 16 MiB / (4 samples per batch) batches.
-    assert quant.calibration_plan(model, minmax, 100) == (100, {"CalibMaxIntermediateOutputs": 4})
+    # MinMax reduces ranges slice by slice: every sample, in slices of the 16 samples that fit.
+    assert quant.calibration_plan(model, minmax, 100) == (100, {"CalibStridedMinMax": 16})
+    assert quant.calibration_plan(model, minmax, 16) == (16, {})  # all fit: one pass
+    assert quant.calibration_plan(model, QuantizeStaticParams(calib_memory_mb=16, calib_batch_size=32),
+                                  100) == (100, {"CalibStridedMinMax": 32})  # at least a batch
+
+
+def test_minmax_ranges_do_not_depend_on_the_memory_budget(fp32_path, tmp_path, calib, info,
+                                                          monkeypatch):
+    """Activations so large that one calibration batch fills the budget (a big model): the
+    ranges are those of all samples at once. (ORT's own CalibMaxIntermediateOutputs dropped
+    every batch here: "No data is collected".)"""
+    whole = _activation_scales(_static(fp32_path, tmp_path, calib, info, calib_batch_size=4))
+    monkeypatch.setattr(quant, "activation_bytes_per_sample", lambda model: 2**22)  # 4 MiB
+    squeezed = _activation_scales(_static(fp32_path, tmp_path, calib, info, calib_batch_size=4,
+                                          calib_memory_mb=16))  # 4 samples: one batch a slice
+    assert len(calib.x) > 4 and squeezed == pytest.approx(whole, rel=1e-6)
 
 
 # --- dynamic quantization ---------------------------------------------------------------------
