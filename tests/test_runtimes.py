@@ -89,6 +89,20 @@ def test_parity_fails_on_non_finite_outputs():
     assert result.accuracy is None and "accuracy" not in result.as_dict()
 
 
+def test_an_output_of_another_shape_is_one_line_naming_model_and_engine():
+    from quantpipe.errors import UserError
+
+    x = np.zeros((4, 1, 2, 2), np.float32)
+    reference = lambda b: np.zeros((len(b), 3), np.float32)  # noqa: E731
+    other = lambda b: np.zeros((len(b), 2), np.float32)  # noqa: E731
+    with pytest.raises(runtimes.RuntimeUnavailable,
+                       match=r"^m\.onnx on OpenVINO: its output has shape \(4, 2\), ONNX Runtime's \(4, 3\)$"):
+        runtimes.parity(reference, other, x, None, batch_size=4, min_agreement=0.9,
+                        label="m.onnx on OpenVINO")
+    # Raised outside check() (a run failing mid-benchmark) it stops a stage in that one line.
+    assert issubclass(runtimes.RuntimeUnavailable, UserError)
+
+
 class Corrupted:
     """The real OpenVINO engine whose outputs for one model are deliberately wrong (the logits
     reversed: a different top-1 class on almost every sample)."""

@@ -14,6 +14,7 @@ import numpy as np
 from onnxruntime import GraphOptimizationLevel
 
 from quantpipe.criterion import compare
+from quantpipe.errors import UserError
 from quantpipe.params import RUNTIMES
 
 # A batch (N, C, S, S) float32 -> the model's first output, logits (N, classes).
@@ -24,10 +25,10 @@ NAMES = tuple(TITLES)
 REFERENCE = NAMES[0]
 
 
-class RuntimeUnavailable(Exception):
+class RuntimeUnavailable(UserError):
     """An engine cannot run a model (cannot read an op, cannot compile, fails a run); str() is
-    one line saying why, to be prefixed with the model's path. Only the reference engine's
-    failures stop a stage."""
+    one line naming the model and saying why. check() records it for a non-reference engine and the stage goes on;
+    raised anywhere else (a run failing mid-benchmark) it stops the stage in that one line."""
 
 
 class Runtime(Protocol):
@@ -94,12 +95,14 @@ class Parity:
 
 
 def parity(reference: Runner, candidate: Runner, x: np.ndarray, y: np.ndarray | None, *,
-           batch_size: int, min_agreement: float) -> Parity:
-    """Run both engines over x (N, C, S, S) in batches of batch_size and compare their logits."""
+           batch_size: int, min_agreement: float, label: str = "the candidate") -> Parity:
+    """Run both engines over x (N, C, S, S) in batches of batch_size and compare their logits.
+    label names the candidate (model and engine) in the error for outputs of another shape."""
     ref = np.concatenate([reference(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
     out = np.concatenate([candidate(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
     if out.shape != ref.shape:
-        raise RuntimeUnavailable(f"its output has shape {out.shape}, {TITLES[REFERENCE]}'s {ref.shape}")
+        raise RuntimeUnavailable(f"{label}: its output has shape {out.shape}, "
+                                 f"{TITLES[REFERENCE]}'s {ref.shape}")
     finite = bool(np.isfinite(out).all() or not np.isfinite(ref).all())
     diff = np.abs(out.astype(np.float64) - ref.astype(np.float64))
     diff = diff[np.isfinite(diff)]  # a non-finite output fails through `finite`, not a NaN here
@@ -130,9 +133,10 @@ def check(engines: dict[str, Runtime], path, x: np.ndarray, y: np.ndarray | None
             continue
         try:
             result = parity(reference, engine.runner(path, threads), x, y,
-                            batch_size=batch_size, min_agreement=min_agreement)
+                            batch_size=batch_size, min_agreement=min_agreement,
+                            label=f"{path} on {TITLES[name]}")
         except RuntimeUnavailable as e:
-            checks[name] = Check(parity=None, failed=f"{path}: {e}", runs=False)
+            checks[name] = Check(parity=None, failed=str(e), runs=False)
             continue
         why = result.failure()
         checks[name] = Check(parity=result, failed=why and f"{path} on {TITLES[name]}: {why}", runs=True)

@@ -40,22 +40,23 @@ class OpenVino:
                 "INFERENCE_NUM_THREADS": threads, **PRECISION}
 
     def runner(self, path, threads: int) -> Runner:
-        return _request_runner(self._compile(path, self._latency_config(threads)))
+        return _request_runner(self._compile(path, self._latency_config(threads)), path)
 
     def pool(self, path, streams: int, threads: int) -> list[Runner]:
         # One compiled model with `streams` streams; one infer request per stream, each driven
         # from its own thread (InferRequest.infer releases the GIL).
         compiled = self._compile(path, self._throughput_config(streams, streams * threads))
-        return [_request_runner(compiled) for _ in range(streams)]
+        return [_request_runner(compiled, path) for _ in range(streams)]
 
     def _compile(self, path, config: dict) -> ov.CompiledModel:
         try:
             return self.core.compile_model(self.core.read_model(str(path)), "CPU", config)
         except RuntimeError as e:
-            raise RuntimeUnavailable(f"OpenVINO cannot read or compile it ({reason(str(e))})") from None
+            raise RuntimeUnavailable(f"{path}: OpenVINO cannot read or compile it "
+                                     f"({reason(str(e))})") from None
 
 
-def _request_runner(compiled: ov.CompiledModel) -> Runner:
+def _request_runner(compiled: ov.CompiledModel, path) -> Runner:
     request = compiled.create_infer_request()
 
     def run(batch):
@@ -63,7 +64,7 @@ def _request_runner(compiled: ov.CompiledModel) -> Runner:
             # share_inputs: read the batch in place, as ONNX Runtime does, not a copy each run.
             return request.infer({0: batch}, share_inputs=True)[0]
         except RuntimeError as e:
-            raise RuntimeUnavailable(f"OpenVINO failed to run it ({reason(str(e))})") from None
+            raise RuntimeUnavailable(f"{path}: OpenVINO failed to run it ({reason(str(e))})") from None
     return run
 
 

@@ -20,8 +20,9 @@ def time_engines(engines: dict[str, Runtime], models: dict[str, Path],
     Returns "latency" and "throughput" of the reference engine (rows_against and
     throughput_against FP32 on it: the keys every earlier bench had), "runtimes": per engine
     its version and settings and, for the others, parity, why it failed, and its rows against
-    FP32 on the reference engine (and the FP32 model's own on it under "baseline"), and "best": the fastest
-    trusted engine and configuration against the best trusted FP32 one (best_configuration).
+    FP32 on the reference engine (and the FP32 model's own on it under "baseline"), and
+    "best": the fastest trusted engine and configuration against the best trusted FP32 one
+    (best_configuration).
     """
     # An engine that failed parity is still timed (its rows are shown, marked failed).
     timed = [(model, name) for model, by_engine in checks.items()
