@@ -296,7 +296,7 @@ def render_markdown(summary: dict, notes: list[str], profiles: dict[str, dict] |
     text = ["# quantpipe results", "",
             f"Measured on {describe(machine)}. Speedups are measured against FP32 in the same "
             "interleaved rounds, on this machine only.", "",
-            *_recommendation(summary, sizes, notes),
+            *_recommendation(summary, notes),
             f"## {_threads_title(threads[0], machine)}", "",
             *_headline_table(rows, sizes), "",
             *_routes_section(summary, sizes), "",
@@ -315,7 +315,7 @@ def render_markdown(summary: dict, notes: list[str], profiles: dict[str, dict] |
     return "\n".join(text) + "\n"
 
 
-def _recommendation(summary: dict, sizes: list[str], notes: list[str]) -> list[str]:
+def _recommendation(summary: dict, notes: list[str]) -> list[str]:
     """The first lines: what to ship per batch size, then every note on INT8 that does not pay
     (or gains less than it could) with its evidence."""
     lines = []
