@@ -19,6 +19,7 @@ from typing import Callable, Hashable
 
 import numpy as np
 
+from quantpipe import onnxutil
 from quantpipe.errors import UserError
 from quantpipe.params import ALL_CORES, BenchParams
 
@@ -63,12 +64,6 @@ def measure(runners: dict[str, Runner], x: np.ndarray, *, warmup: int, runs: int
                 times[name].append(time.perf_counter() - start)
         tick()
     return {name: summarize(t, len(x)) for name, t in times.items()}
-
-
-def session_runner(session) -> Runner:
-    """A runner that feeds a batch to an ORT session's single input."""
-    name = session.get_inputs()[0].name
-    return lambda batch: session.run(None, {name: batch})
 
 
 def resolve_threads(threads: tuple[int | str, ...], cores: int) -> tuple[int, ...]:
@@ -241,13 +236,6 @@ def throughput_against(ips: dict[Hashable, dict[StreamConfig, float]], key: Hash
     return result
 
 
-def throughput_table(pools_for: Callable[[StreamConfig], dict[str, list[Runner]]], variant: str,
-                     x: np.ndarray, cores: int, p: BenchParams, desc: str) -> dict:
-    """Throughput of `variant` against "fp32" (throughput_against), pools_for giving both."""
-    ips = throughput_grid(pools_for, x, cores, p, desc)
-    return throughput_against(ips, variant, "fp32", batch_size=max(p.batch_sizes), cores=cores)
-
-
 def best_configuration(grid: dict[str, dict[str, dict[tuple[str, str], Latency]]],
                        ips: dict[tuple[str, str], dict[StreamConfig, float]], model: str,
                        runtimes: list[str], baseline: str, baseline_runtimes: list[str]) -> dict:
@@ -331,7 +319,7 @@ def kernel_profile(session, x: np.ndarray, *, runs: int, top: int = 5) -> dict:
     Each node's time is its median over runs + 1 runs (the first is the warm-up, and a median
     of the rest is not moved by it). Times exclude ORT's per-run overhead outside the kernels.
     """
-    run = session_runner(session)
+    run = onnxutil.session_runner(session)
     for _ in range(runs + 1):
         run(x)
     events = json.loads(Path(session.end_profiling()).read_text())

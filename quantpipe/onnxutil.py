@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 from collections import Counter
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import onnx
@@ -110,11 +111,24 @@ def check_input_matches(session: ort.InferenceSession, input_shape: tuple[int, .
     return spec.name
 
 
+def session_runner(session: ort.InferenceSession) -> Callable[[np.ndarray], np.ndarray]:
+    """A function feeding a batch to the session's single input, returning its first output."""
+    name = session.get_inputs()[0].name
+    return lambda batch: session.run(None, {name: batch})[0]
+
+
 def run_batched(session: ort.InferenceSession, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
     """Outputs of the first model output for (N, ...) inputs, batch by batch."""
-    name = session.get_inputs()[0].name
-    return np.concatenate([session.run(None, {name: x[i:i + batch_size]})[0]
-                           for i in range(0, len(x), batch_size)])
+    run = session_runner(session)
+    return np.concatenate([run(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
+
+
+def parity_limit(expected: np.ndarray, tolerance: float) -> float:
+    """The largest logit difference a parity check allows: `tolerance` per unit of the largest
+    |logit| (at least 1). Float32 rounding grows with the values, so logits in the tens (an
+    EfficientNet after two epochs) differ by a few 1e-4 between two correct runtimes, while a
+    wrong export differs by whole units."""
+    return tolerance * max(1.0, float(np.abs(expected).max()))
 
 
 def op_counts(model: onnx.ModelProto) -> dict[str, int]:

@@ -41,7 +41,7 @@ def main() -> None:
     def runners_for(count: int) -> dict[str, bench.Runner]:
         torch.set_num_threads(count)
         session = onnxutil.make_session(FP32, level=level, threads=count, stop_spinning=True)
-        return {"torch": lambda b: model(torch.from_numpy(b)), "fp32": bench.session_runner(session)}
+        return {"torch": lambda b: model(torch.from_numpy(b)), "fp32": onnxutil.session_runner(session)}
 
     # "speedup" has the same meaning as for the INT8 variants: FP32 ONNX time / torch time.
     with torch.inference_mode():

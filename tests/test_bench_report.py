@@ -166,7 +166,7 @@ def test_measure_throughput_counts_images_per_second_of_concurrent_streams():
     assert calls.count("a") == calls.count("b") == 1 + 2 * 2
 
 
-def test_throughput_table_compares_each_side_at_its_own_best_configuration():
+def test_throughput_compares_each_side_at_its_own_best_configuration():
     # fp32 is fastest as one session with both threads (its streams contend: 5 ms a batch);
     # "int8" takes 2 ms a batch however it runs, so two streams double its throughput.
     def pools_for(config):
@@ -177,7 +177,8 @@ def test_throughput_table_compares_each_side_at_its_own_best_configuration():
 
     p = BenchParams(batch_sizes=(1, 16), warmup=0, runs=8, rounds=2)
     x = np.zeros((4, 1, 2, 2), np.float32)
-    result = bench.throughput_table(pools_for, "int8", x, cores=2, p=p, desc="test")
+    ips = bench.throughput_grid(pools_for, x, cores=2, p=p, desc="test")
+    result = bench.throughput_against(ips, "int8", "fp32", batch_size=16, cores=2)
     assert result["batch_size"] == 16 and result["cores"] == 2
     assert set(result["ips"]) == set(result["baseline_ips"]) == {"streams1_threads2",
                                                                  "streams2_threads1"}
@@ -188,7 +189,7 @@ def test_throughput_table_compares_each_side_at_its_own_best_configuration():
     assert result["speedup"] == pytest.approx(2.0, rel=0.35)
     assert result["speedup"] == pytest.approx(result["best"]["ips"] / result["baseline_best"]["ips"],
                                               abs=1e-3)
-    fp32_only = bench.throughput_table(pools_for, "fp32", x, cores=2, p=p, desc="test")
+    fp32_only = bench.throughput_against(ips, "fp32", "fp32", batch_size=16, cores=2)
     assert set(fp32_only) == {"batch_size", "cores", "ips", "best"}
     assert fp32_only["best"]["streams"] == 1  # fp32 here scales with threads in one session
 

@@ -188,15 +188,10 @@ class SwappingRunner:
         return mine["out"]
 
 
-def _session_runner(session):
-    name = session.get_inputs()[0].name
-    return lambda batch: session.run(None, {name: batch})[0]
-
-
 def test_concurrency_check_passes_a_shared_session(samples, cnn_session):
     _, x = samples
     inputs = evaluate.concurrent_inputs(x, 8, sizes=(1, 7, 16))
-    check = evaluate.concurrency_check(_session_runner(cnn_session), inputs, atol=0.0)
+    check = evaluate.concurrency_check(onnxutil.session_runner(cnn_session), inputs, atol=0.0)
     assert check.ok and check.name == "concurrent_requests"
     assert "8 threads x 3 calls" in check.detail and "= 0 (exactly)" in check.detail
 
@@ -204,10 +199,10 @@ def test_concurrency_check_passes_a_shared_session(samples, cnn_session):
 def test_concurrency_check_catches_outputs_swapped_between_threads(samples, cnn_session):
     _, x = samples
     inputs = evaluate.concurrent_inputs(x, 4, sizes=(3,))  # same shape: a swap is not a shape error
-    swapping = SwappingRunner(_session_runner(cnn_session))
+    swapping = SwappingRunner(onnxutil.session_runner(cnn_session))
     # Called one at a time the runner is correct ...
     for batch in inputs:
-        np.testing.assert_array_equal(swapping(batch), _session_runner(cnn_session)(batch))
+        np.testing.assert_array_equal(swapping(batch), onnxutil.session_runner(cnn_session)(batch))
     # ... but concurrent callers get each other's logits, and the check says so.
     check = evaluate.concurrency_check(swapping, inputs, atol=0.0)
     assert not check.ok
@@ -220,7 +215,7 @@ def test_concurrency_check_catches_outputs_swapped_between_threads(samples, cnn_
 def test_concurrency_check_counts_an_output_of_another_shape_as_a_mismatch(samples, cnn_session):
     _, x = samples
     inputs = evaluate.concurrent_inputs(x, 4, sizes=(1, 2))
-    swapping = SwappingRunner(_session_runner(cnn_session))
+    swapping = SwappingRunner(onnxutil.session_runner(cnn_session))
     check = evaluate.concurrency_check(swapping, inputs, atol=1.0)
     assert not check.ok and "= inf" in check.detail
 

@@ -211,6 +211,16 @@ def test_max_abs_diff():
     assert onnxutil.max_abs_diff(a, a) == 0.0
 
 
+def test_parity_limit_scales_with_the_largest_logit():
+    # Logits within 1: the tolerance as given; larger logits: per unit of the largest (sign
+    # ignored), so an EfficientNet's rounding in the tens passes and a wrong export does not.
+    small = np.array([[0.2, -0.9]], np.float32)
+    assert onnxutil.parity_limit(small, 1e-4) == pytest.approx(1e-4)
+    large = np.array([[3.0, -27.0]], np.float32)
+    assert onnxutil.parity_limit(large, 1e-4) == pytest.approx(27e-4)
+    assert 2.8e-4 < onnxutil.parity_limit(large, 1e-4) < 0.1
+
+
 def test_bench_sessions_stop_spinning_after_each_run(exported):
     """The benchmark's sessions take turns in one process: their thread pools must not keep
     spinning after a run (see onnxutil.make_session)."""

@@ -24,9 +24,8 @@ class OnnxRuntime:
     def runner(self, path, threads: int) -> Runner:
         # Spinning stopped: sessions of several models take turns in the benchmark's rounds,
         # and one's spinning workers would steal the cores the next one runs on.
-        session = onnxutil.make_session(path, level=self.level, threads=threads, stop_spinning=True)
-        name = session.get_inputs()[0].name
-        return lambda batch: session.run(None, {name: batch})[0]
+        return onnxutil.session_runner(
+            onnxutil.make_session(path, level=self.level, threads=threads, stop_spinning=True))
 
     def pool(self, path, streams: int, threads: int) -> list[Runner]:
         # ORT releases the GIL inside run(): one session per stream, each in its own thread.
