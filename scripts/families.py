@@ -60,10 +60,11 @@ SETTINGS = {"prepare.channels": 3, "train.epochs": 2, "bench.batch_sizes": f"[1,
 NEAREST = re.compile(r"nearest valid prepare\.image_size is (\d+)")
 
 
-def experiment(repo: Path, log: Path, model: str, size: int) -> tuple[float, str | None]:
+def experiment(repo: Path, log: Path, model: str, size: int, extra: dict[str, str]
+               ) -> tuple[float, str | None]:
     """`dvc exp run` for one model and size: (seconds, None) or (seconds, the stage's error line)."""
     flags = [f"-S{k}={v}" for k, v in {"train.model": model, "prepare.image_size": size,
-                                       **SETTINGS}.items()]
+                                       **SETTINGS, **extra}.items()]
     start = time.perf_counter()
     mark = log.stat().st_size if log.exists() else 0
     try:
@@ -129,7 +130,10 @@ def main() -> None:
     parser.add_argument("-o", "--output", type=Path, default=ROOT / "metrics/families.json")
     parser.add_argument("--only", nargs="+", metavar="MODEL", help="these members only")
     parser.add_argument("--resume", action="store_true", help="keep the rows already in --output")
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="more params for every run (e.g. a quantization setting to compare)")
     args = parser.parse_args()
+    extra = dict(kv.split("=", 1) for kv in args.set)
     members = [(f, m) for f, m in MEMBERS if not args.only or m in args.only]
     done = json.loads(args.output.read_text())["rows"] if args.resume and args.output.exists() else []
     repo, log = args.workdir / "repo", args.workdir / "exp.log"
@@ -138,20 +142,20 @@ def main() -> None:
         args.workdir.mkdir(parents=True)
         subprocess.run(["git", "clone", "-q", str(ROOT), str(repo)], check=True)
     rows = list(done)
+    order = {m: i for i, (_, m) in enumerate(MEMBERS)}
     for family, model in members:
         if any(r["model"] == model for r in done):
             continue
         size = SIZE
         while True:
-            seconds, error = experiment(repo, log, model, size)
+            seconds, error = experiment(repo, log, model, size, extra)
             fix = NEAREST.search(error or "")
-            if error is None:
-                rows.append(row(repo, family, model, size, seconds))
-            else:
-                rows.append({"family": family, "model": model, "image_size": size,
-                             "result": error.removeprefix("error: "), "seconds": round(seconds, 1)})
-            write_json(args.output, {"settings": SETTINGS, "rows": rows})
-            print(markdown(rows[-1:]).splitlines()[-1], flush=True)
+            latest = row(repo, family, model, size, seconds) if error is None else {
+                "family": family, "model": model, "image_size": size,
+                "result": error.removeprefix("error: "), "seconds": round(seconds, 1)}
+            rows = sorted([*rows, latest], key=lambda r: order[r["model"]])  # stable
+            write_json(args.output, {"settings": {**SETTINGS, **extra}, "rows": rows})
+            print(markdown([latest]).splitlines()[-1], flush=True)
             # The line names the size that works: run again at it, once.
             if not fix or int(fix.group(1)) == size:
                 break
