@@ -139,6 +139,33 @@ def test_edge_checks_catch_a_batch_dependent_model(samples):
     assert all(c.ok for name, c in checks.items() if name.startswith("finite_"))
 
 
+class LargeLogits(nn.Module):
+    """Logits in the hundreds, each row moved by its batch-mates by `mix` x their mean: a dynamic
+    model's batch-wide activation scales do this, in proportion to the values."""
+
+    def __init__(self, mix: float) -> None:
+        super().__init__()
+        self.fc, self.mix = nn.Linear(SHAPE[1] * SHAPE[2], 4), mix
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = 1000 * self.fc(torch.flatten(x, 1))
+        return logits + self.mix * logits.mean(dim=0, keepdim=True)
+
+
+def test_batch_consistency_is_judged_per_unit_of_the_largest_logit(samples):
+    torch.manual_seed(0)
+    # A millionth of the batch mean moves logits in the hundreds by ~1e-4 absolute: rounding
+    # at this scale, not a batch bug; atol 1e-4 per unit of the largest logit lets it pass.
+    checks = _checks(_session(LargeLogits(mix=1e-6)), samples)
+    assert checks["batch_odd"].ok and checks["batch_large"].ok
+    assert "x the largest logit" in checks["batch_odd"].detail
+    gap = float(checks["batch_large"].detail.split("= ")[1].split()[0])
+    assert gap > 1e-4  # an absolute atol would have failed it
+    # A real dependence on batch-mates fails at any scale.
+    checks = _checks(_session(LargeLogits(mix=0.1)), samples)
+    assert not checks["batch_odd"].ok and not checks["batch_large"].ok
+
+
 def test_edge_checks_catch_non_finite_outputs(samples):
     torch.manual_seed(0)
     checks = _checks(_session(SqrtFeatures()), samples)
