@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -110,3 +114,55 @@ def _environment():
     yield
     os.environ.clear()
     os.environ.update(old)
+
+
+# --- a real S3 API (moto server): test_remote.py, test_sweep.py --------------------------------
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def s3_endpoint(tmp_path, monkeypatch):
+    """A real S3 API on 127.0.0.1 (moto_server) with bucket `quantpipe`; always stopped."""
+    # Dummy credentials for the test process only (a CI job's secrets would come this way);
+    # no ~/.aws files, no instance-metadata lookup (there is no network).
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAQUANTPIPECI")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "ci-secret")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    exe = Path(sys.executable).parent / "moto_server"
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "moto.server"]
+    log_path = tmp_path / "moto_server.log"
+    with open(log_path, "wb") as log:
+        server = subprocess.Popen([*cmd, "-H", "127.0.0.1", "-p", str(port)],
+                                  stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120  # a loaded 2-core machine imports moto slowly
+        while True:
+            if server.poll() is not None:
+                pytest.fail(f"moto_server exited {server.returncode}:\n{log_path.read_text()}")
+            try:
+                with urllib.request.urlopen(url, timeout=1):
+                    break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                if time.monotonic() > deadline:
+                    pytest.fail(f"moto_server not answering on {url}:\n{log_path.read_text()}")
+                time.sleep(0.1)
+        import boto3
+        boto3.client("s3", endpoint_url=url).create_bucket(Bucket="quantpipe")
+        yield url
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
