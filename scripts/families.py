@@ -40,6 +40,7 @@ from engines import dvc  # noqa: E402
 from quantpipe import report  # noqa: E402
 from quantpipe.io import write_json  # noqa: E402
 from quantpipe.params import load_params  # noqa: E402
+from quantpipe.sweep import error_line  # noqa: E402
 
 # (family, member): the ten models, and one member of each family it did not try.
 MEMBERS = [
@@ -73,10 +74,7 @@ def experiment(repo: Path, log: Path, model: str, size: int, extra: dict[str, st
     except SystemExit:
         seconds = time.perf_counter() - start
         text = log.read_bytes()[mark:].decode(errors="replace")  # mark is a byte offset
-        # A stage's UserError is one "error: ..." line; anything else is DVC's last ERROR line.
-        lines = [ln for ln in text.splitlines() if ln.startswith("error: ")] or \
-            [ln for ln in text.splitlines() if ln.startswith("ERROR")] or ["(no error line)"]
-        return seconds, lines[-1]
+        return seconds, error_line(text)
 
 
 def row(repo: Path, family: str, model: str, size: int, seconds: float) -> dict:

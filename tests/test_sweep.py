@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 
 from conftest import PROBE, ROOT, TINY_PARAMS, dvc, git, make_project, reproduce
+from quantpipe import sweep as sweeps
+from quantpipe.errors import UserError
 
 SWEEP = ROOT / "scripts" / "sweep.py"
 GRID = ("-S", "quantize_static.calibrate_method=MinMax,Entropy",
@@ -34,6 +36,37 @@ SWEEP_PARAMS = {**TINY_PARAMS, "quantize_qat": {"enabled": False}}
 # fixed cost (~10 s per experiment for clone, pull, `dvc exp run`, pushes): a bench long
 # enough (~45 s) that running it and restoring it differ the way they do for a real model.
 HEAVY_BENCH = {"bench": {"batch_sizes": [1, 64], "warmup": 5, "runs": 4000, "rounds": 3}}
+
+
+def test_grid_is_dvc_exp_runs_syntax_and_names_follow_the_values_that_vary():
+    jobs = sweeps.jobs_for(["quantize_static.calibrate_method=MinMax,Entropy",
+                            "bench.batch_sizes=[1,8],[1,64]", "train.epochs=2"],
+                           "git@example.com:team/quantpipe.git", "a" * 40, None)
+    assert [j.overrides for j in jobs] == [
+        ("quantize_static.calibrate_method=MinMax", "bench.batch_sizes=[1,8]", "train.epochs=2"),
+        ("quantize_static.calibrate_method=MinMax", "bench.batch_sizes=[1,64]", "train.epochs=2"),
+        ("quantize_static.calibrate_method=Entropy", "bench.batch_sizes=[1,8]", "train.epochs=2"),
+        ("quantize_static.calibrate_method=Entropy", "bench.batch_sizes=[1,64]", "train.epochs=2")]
+    # Valid git ref names, one per experiment; the key that does not vary is left out.
+    assert [j.name for j in jobs] == [
+        "calibrate_method-MinMax_batch_sizes-1-8", "calibrate_method-MinMax_batch_sizes-1-64",
+        "calibrate_method-Entropy_batch_sizes-1-8", "calibrate_method-Entropy_batch_sizes-1-64"]
+    for job in jobs:
+        git(ROOT, "check-ref-format", f"refs/exps/{job.name}")
+    with pytest.raises(UserError, match="two experiments would share a name"):
+        sweeps.jobs_for(["prepare.path=inputs/x,inputs_x"], "url", "a" * 40, None)
+
+
+def test_error_line_prefers_the_stages_own_message():
+    dvc_output = ("Running stage 'quantize_static':\n"
+                  "error: params.yaml: quantize_static.calibrate_method = 'Bogus' is not allowed\n"
+                  "ERROR: failed to reproduce 'quantize_static': failed to run: python "
+                  "stages/quantize_static.py, exited with 2\n")
+    assert sweeps.error_line(dvc_output) == \
+        "error: params.yaml: quantize_static.calibrate_method = 'Bogus' is not allowed"
+    assert sweeps.error_line(dvc_output.split("\n", 2)[2]).startswith("ERROR: failed to repro")
+    assert sweeps.error_line("fatal: repository 'x' does not exist\n") == \
+        "fatal: repository 'x' does not exist"
 
 
 def committed_run(dest: Path, params: dict) -> Path:
@@ -151,9 +184,9 @@ def _processes_in(path: Path) -> list[int]:
     return found
 
 
-def _kill_worker_mid_experiment(workdir: Path, sweeping: subprocess.Popen) -> Path:
+def _kill_worker_mid_experiment(workdir: Path, sweeping: subprocess.Popen) -> tuple[Path, int]:
     """Wait until some worker is running a stage, then SIGKILL that Dask worker process (the
-    parent of the experiment's process-group leader); returns the experiment's workspace."""
+    parent of the experiment's process-group leader); (the experiment's workspace, its pid)."""
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and sweeping.poll() is None:
         for log in workdir.glob("*/log"):
@@ -164,7 +197,7 @@ def _kill_worker_mid_experiment(workdir: Path, sweeping: subprocess.Popen) -> Pa
                     stat = Path(f"/proc/{leaders[0]}/stat").read_text()
                     worker = int(stat.rsplit(")", 1)[1].split()[1])  # ppid
                     os.kill(worker, signal.SIGKILL)
-                    return log.parent
+                    return log.parent, worker
         time.sleep(0.2)
     pytest.fail(f"no experiment reached quantize_static (sweep exit code {sweeping.poll()})")
 
@@ -185,7 +218,7 @@ def test_sweep_survives_a_killed_worker_and_a_resubmission_runs_no_stage(tmp_pat
         with open(tmp_path / "first.out", "w") as stdout, open(tmp_path / "first.err", "w") as stderr:
             first = subprocess.Popen([*args, "-o", str(tmp_path / "first.json")], cwd=repo,
                                      stdout=stdout, stderr=stderr, text=True)
-            killed = _kill_worker_mid_experiment(workdir, first)
+            killed, killed_pid = _kill_worker_mid_experiment(workdir, first)
             first.wait(timeout=1200)
         first_s = time.perf_counter() - start
         out, err = (tmp_path / "first.out").read_text(), (tmp_path / "first.err").read_text()
@@ -193,10 +226,11 @@ def test_sweep_survives_a_killed_worker_and_a_resubmission_runs_no_stage(tmp_pat
         rows = {r["name"]: r for r in json.loads((tmp_path / "first.json").read_text())["rows"]}
         assert set(rows) == NAMES and all("metrics" in r for r in rows.values()), out + err
 
-        # The killed worker's experiment ran again elsewhere, from a fresh clone; its half-run
-        # workspace is left, and nothing of it still runs (the process group went with it).
+        # The killed worker's experiment ran again in another worker process, from a fresh
+        # clone; its half-run workspace is left, and nothing of it still runs (the process
+        # group went with the worker).
         name = killed.name.split(".")[0]
-        assert "quantize_static" in rows[name]["ran"]
+        assert "quantize_static" in rows[name]["ran"] and rows[name]["pid"] != killed_pid
         time.sleep(2)
         assert _processes_in(killed) == []
         # The baseline's own params re-ran nothing and report the committed numbers.
