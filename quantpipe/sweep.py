@@ -194,13 +194,16 @@ def experiment_name(overrides: tuple[str, ...], varying: set[str]) -> str:
     for override in overrides:
         key, value = override.split("=", 1)
         if key in varying:
-            slug = re.sub(r"[^A-Za-z0-9.-]+", "-", value).strip("-.") or "empty"
-            parts.append(f"{key.rsplit('.', 1)[-1].split(':')[-1]}-{re.sub(r'[.]{2,}', '.', slug)}")
-    digest = hashlib.sha1("\n".join(overrides).encode()).hexdigest()[:7]
-    return "_".join(parts)[:80] or f"sweep-{digest}"
+            # Git refs allow neither ':' '[' ' ' nor '..'; keep letters, digits, '.' and '-'.
+            slug = re.sub(r"\.{2,}", ".", re.sub(r"[^A-Za-z0-9.-]+", "-", value)).strip("-.")
+            last = key.split(":")[-1].rsplit(".", 1)[-1]  # params.yaml:a.b.c -> c
+            parts.append(f"{last}-{slug or 'empty'}")
+    name = "_".join(parts)[:80].rstrip("-._")
+    return name or f"sweep-{hashlib.sha1(chr(10).join(overrides).encode()).hexdigest()[:7]}"
 
 
 def jobs_for(set_params: list[str], git_url: str, rev: str, workdir: str | None) -> list[Job]:
+    """One Job per combination of the `-S` grid, named by experiment_name."""
     combos = grid(set_params)
     keys = {o.split("=", 1)[0] for combo in combos for o in combo}
     varying = {k for k in keys if len({o for c in combos for o in c if o.startswith(f"{k}=")}) > 1}

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Experiment sweeps on a Dask cluster: every `dvc exp run` on a worker, every result in `dvc exp show`.
+"""Experiment sweeps on a Dask cluster: each `dvc exp run` on a worker, all in `dvc exp show`.
 
     python scripts/sweep.py -S quantize_static.calibrate_method=MinMax,Entropy,Percentile \\
         -S quantize_static.per_channel=true,false                 # a LocalCluster here
@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rev", default="HEAD", help="the commit to sweep (must be pushed)")
     parser.add_argument("--retries", type=int, default=2,
                         help="re-runs of a task whose clone/pull/push failed")
-    parser.add_argument("--workdir", help="workspaces on each worker (default <tmp>/quantpipe-sweep)")
+    parser.add_argument("--workdir",
+                        help="workspaces on each worker (default <tmp>/quantpipe-sweep)")
     parser.add_argument("--variant", choices=sweep.VARIANTS, default="static",
                         help="the variant the table shows")
     parser.add_argument("-o", "--output", type=Path, help="write the rows as JSON")
@@ -122,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     done = [r["name"] for r in rows if "metrics" in r]
     if done:
         pulled = subprocess.run([sys.executable, "-m", "dvc", "exp", "pull", "-f", "--no-cache",
-                                 args.git_remote, *done], cwd=project, capture_output=True, text=True)
+                                 args.git_remote, *done], cwd=project, capture_output=True,
+                                text=True)
         if pulled.returncode:
             print(f"error: dvc exp pull: {sweep.error_line(pulled.stdout + pulled.stderr)}",
                   file=sys.stderr)
