@@ -25,7 +25,6 @@ from urllib.parse import urlsplit
 
 from quantpipe.errors import UserError
 
-VARIANTS = ("static", "dynamic", "qat")
 # dvc.yaml's always_changed machine probe: it runs in every experiment (in well under a
 # second), so "stages run" leaves it out.
 PROBE = "machine"
@@ -95,17 +94,20 @@ def _step(args: list[str], cwd: Path, log: Path) -> str:
     return text
 
 
-def _run_cache_entries(repo: Path) -> dict[tuple[str, str], Path]:
-    """Every run-cache entry in repo's cache: (key, value) -> its file
-    (<cache>/runs/<key[:2]>/<key>/<value>)."""
+def _runs_dir(repo: Path) -> Path:
+    """Where repo's run cache lives (<cache>/runs, wherever the worker's DVC keeps its cache)."""
     from dvc.repo import Repo
 
     with Repo(str(repo)) as project:
-        runs = Path(project.stage_cache.cache_dir)
+        return Path(project.stage_cache.cache_dir)
+
+
+def _run_cache_entries(runs: Path) -> dict[tuple[str, str], Path]:
+    """Every run-cache entry under runs: (key, value) -> its file (runs/<key[:2]>/<key>/<value>)."""
     return {(p.parent.name, p.name): p for p in runs.glob("*/*/*")}
 
 
-def _push_run_cache_outputs(repo: Path, before: set[tuple[str, str]]) -> None:
+def _push_run_cache_outputs(repo: Path, runs: Path, before: set[tuple[str, str]]) -> None:
     """Push the outputs that this run's new run-cache entries restore.
 
     `dvc push --run-cache` (DVC 3.67) uploads the entries but not the `cache: false` metrics and
@@ -117,7 +119,7 @@ def _push_run_cache_outputs(repo: Path, before: set[tuple[str, str]]) -> None:
     from dvc_data.hashfile.hash_info import HashInfo
 
     objs = set()
-    for key, path in _run_cache_entries(repo).items():
+    for key, path in _run_cache_entries(runs).items():
         if key not in before:
             for out in yaml.safe_load(path.read_text()).get("outs", []):
                 # Entries written before DVC 3 have no `hash: md5` (dos2unix md5s).
@@ -146,7 +148,8 @@ def run_experiment(job: Job) -> dict:
         _step(["git", "clone", "-q", "--no-checkout", job.git_url, str(repo)], ws, log)
         _step(["git", "checkout", "-q", "--detach", job.rev], repo, log)
         _step([sys.executable, "-m", "dvc", "pull", "--run-cache", "--allow-missing"], repo, log)
-        before = set(_run_cache_entries(repo))
+        runs = _runs_dir(repo)
+        before = set(_run_cache_entries(runs))
         exp_start = time.perf_counter()
         flags = [arg for o in job.overrides for arg in ("-S", o)]
         rc, text = _run([sys.executable, "-m", "dvc", "exp", "run", "--pull", "-n", job.name,
@@ -158,7 +161,7 @@ def run_experiment(job: Job) -> dict:
             return row
         # Outputs first, then the run-cache entries: an entry must never reach the remote
         # before what it restores (DVC tries only the newest entry of a stage).
-        _push_run_cache_outputs(repo, before)
+        _push_run_cache_outputs(repo, runs, before)
         _step([sys.executable, "-m", "dvc", "push", "--run-cache"], repo, log)
         _step([sys.executable, "-m", "dvc", "exp", "push", "-f", "--no-cache", "origin", job.name],
               repo, log)

@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 from quantpipe import sweep  # noqa: E402
 from quantpipe.errors import UserError  # noqa: E402
 from quantpipe.io import write_json  # noqa: E402
+from quantpipe.report import QUANTIZED  # noqa: E402
 
 
 def client_for(scheduler: str | None, workers: int):
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="re-runs of a task whose clone/pull/push failed")
     parser.add_argument("--workdir",
                         help="workspaces on each worker (default <tmp>/quantpipe-sweep)")
-    parser.add_argument("--variant", choices=sweep.VARIANTS, default="static",
+    parser.add_argument("--variant", choices=QUANTIZED, default="static",
                         help="the variant the table shows")
     parser.add_argument("-o", "--output", type=Path, help="write the rows as JSON")
     args = parser.parse_args(argv)
