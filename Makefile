@@ -29,7 +29,7 @@ repro: env
 	@echo "Outputs: data/ (splits, calibration), models/ (model.pt, exported/fp32/dynamic/static/qat .onnx),"
 	@echo "         metrics/ (summary.json, report.md, per-stage JSON). Compare with: make diff"
 
-# `slow` tests (every torchvision family end to end; the Dask sweep with a killed worker and a
+# `slow` tests (every torchvision family end to end; the Dask sweeps: S3, a killed worker, a
 # re-submission; several minutes) are left to test-all and test-slow.
 test: env
 	python -m pytest -q -m "not slow" tests

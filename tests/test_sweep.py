@@ -116,6 +116,8 @@ def shown(repo: Path) -> dict[str, dict]:
     return {exp["name"]: exp["revs"][0]["data"] for exp in base.get("experiments") or []}
 
 
+# Slow (make test-slow, CI): with the baseline run it adds over a minute to `make test`.
+@pytest.mark.slow
 def test_sweep_on_s3_reports_a_failing_experiment_and_finishes_the_others(baseline, tmp_path,
                                                                          s3_endpoint):
     repo = published(baseline, tmp_path, "s3://quantpipe/dvcstore",
@@ -159,8 +161,10 @@ def test_sweep_on_s3_reports_a_failing_experiment_and_finishes_the_others(baseli
     assert "calibrate_method-Percentile" in refs and "Bogus" not in refs
 
 
-def test_sweep_needs_the_commit_on_the_git_remote(baseline, tmp_path):
-    repo = published(baseline, tmp_path, str(tmp_path / "store"))
+def test_sweep_needs_the_commit_on_the_git_remote(tmp_path):
+    # The check comes before any work: a committed project without a run is enough.
+    repo = published(make_project(tmp_path / "unrun", SWEEP_PARAMS), tmp_path,
+                     str(tmp_path / "store"))
     git(repo, "commit", "-q", "--allow-empty", "-m", "not pushed")
     proc, _, _ = sweep(repo, *GRID, out=tmp_path / "rows.json")
     head = git(repo, "rev-parse", "--short=7", "HEAD").strip()
