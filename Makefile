@@ -12,6 +12,10 @@ STAMP := $(VENV)/.quantpipe-deps-$(REQ_HASH)
 export PATH := $(BIN):$(PATH)
 export DVC_NO_ANALYTICS := 1
 REV ?= main
+# Every DVC command here waits for DVC's repository lock instead of failing after 3 s (a run
+# that lost the lock after a stage would lose that stage's result), and one that takes the lock
+# stops at once while another run's stage is going (quantpipe/dvcrun.py).
+DVC := python -m quantpipe.dvcrun
 
 .PHONY: env repro test test-all test-slow diff diff-all plots clean
 
@@ -23,7 +27,7 @@ $(STAMP): requirements.txt constraints.txt
 	@rm -f $(VENV)/.quantpipe-deps-* && touch $@
 
 repro: env
-	dvc repro
+	$(DVC) repro
 	@echo
 	@cat metrics/report.md
 	@echo "Outputs: data/ (splits, calibration), models/ (model.pt, exported/fp32/dynamic/static/qat .onnx),"
@@ -45,16 +49,16 @@ test-slow: env
 # every metrics file (per-class accuracy, all percentiles, ...).
 diff: env
 	@python -m quantpipe.machine compare $(REV)
-	dvc metrics diff --md --targets metrics/summary.json -- $(REV)
-	dvc params diff --md $(REV)
+	$(DVC) metrics diff --md --targets metrics/summary.json -- $(REV)
+	$(DVC) params diff --md $(REV)
 
 diff-all: env
 	@python -m quantpipe.machine compare $(REV)
-	dvc metrics diff --md $(REV)
-	dvc params diff --md $(REV)
+	$(DVC) metrics diff --md $(REV)
+	$(DVC) params diff --md $(REV)
 
 plots: env
-	dvc plots show -o plots
+	$(DVC) plots show -o plots
 	@echo "open plots/index.html"
 
 clean:

@@ -205,6 +205,10 @@ class QuantizeStaticParams:
     significance: float = 0.1
     # At 99.5% agreement with FP32 no accuracy can move by more than 0.5 pp.
     min_pool_agreement: float = 0.995
+    # Below this agreement on the pool the change is real whatever the drop and McNemar say
+    # (quantpipe.criterion). Healthy static models keep 98.5-100% across the torchvision
+    # families; those that lost 2-7 pp on test kept 47-91%.
+    agreement_floor: float = 0.97
     max_fallback_steps: int = 3
     # onnxruntime engine: per ladder round, the top nodes by SQNR that are each tried (alone
     # and with their readers); the one that regains most is kept, as SQNR alone misranks.
@@ -226,6 +230,9 @@ class QuantizeStaticParams:
                "a probability in (0, 1), e.g. 0.05")
         _check(0 < self.min_pool_agreement <= 1, "quantize_static.min_pool_agreement",
                self.min_pool_agreement, "a share in (0, 1], e.g. 0.995")
+        _check(0 <= self.agreement_floor <= self.min_pool_agreement, "quantize_static.agreement_floor",
+               self.agreement_floor, f"a share in [0, min_pool_agreement = {self.min_pool_agreement}], "
+               "e.g. 0.97")
         _check(self.max_fallback_steps >= 0, "quantize_static.max_fallback_steps",
                self.max_fallback_steps, "an integer >= 0")
         _check(self.fallback_candidates >= 1, "quantize_static.fallback_candidates",

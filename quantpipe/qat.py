@@ -23,7 +23,7 @@ from torch import nn
 
 from quantpipe import models
 from quantpipe.errors import UserError
-from quantpipe.onnxutil import INPUT_NAME, OUTPUT_NAME
+from quantpipe.onnxutil import INPUT_NAME, OUTPUT_NAME, make_session
 
 
 def qconfig_mapping(per_channel: bool):
@@ -83,13 +83,36 @@ class QATConvBnReLU6(torch.ao.nn.intrinsic.qat.ConvBn2d):
         return F.relu6(self._forward(x))
 
 
+# Average pooling: torch's native config has its output share the input's fake-quant, i.e.
+# requantize the mean onto the input's own grid. A mean of n codes on that grid is k/n steps,
+# so with an even n it lands exactly halfway between two steps for a large share of values
+# (1 in 4 for a 2x2 map): there the rounding is decided by float noise, x * (1/scale) in
+# torch against x / scale and another summation order in ORT, and the two disagree on a tenth
+# to a third of those ties. A Squeeze-Excitation block's pooled vector gates whole channels, so
+# each flip moves a whole channel (EfficientNet at 32 px: 2x2 maps in stages 4-5, 2-8% of
+# pooled values one step apart, agreement 95%). With a range of its own (what ORT's
+# quantize_static gives GlobalAveragePool), mean / scale is no longer a multiple of 1/n steps
+# and the exported graph rounds as torch does; ORT still fuses it (QLinearGlobalAveragePool,
+# QLinearAveragePool).
+AVERAGING_OPS = (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d,
+                 nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, torch.adaptive_avg_pool1d,
+                 F.adaptive_avg_pool2d, F.adaptive_avg_pool3d, torch.avg_pool1d,
+                 torch._C._nn.avg_pool2d, torch._C._nn.avg_pool3d, torch.mean, "mean")
+
+
 def backend_config():
-    """torch's native backend config plus Conv2d(+BatchNorm2d)+ReLU6 fusion."""
+    """torch's native backend config plus Conv2d(+BatchNorm2d)+ReLU6 fusion, with average
+    pooling observed on its own output (AVERAGING_OPS)."""
     from torch.ao.quantization.backend_config import (BackendPatternConfig, ObservationType,
                                                       get_native_backend_config)
     from torch.ao.quantization.backend_config.native import weighted_op_quint8_dtype_config
 
     config = get_native_backend_config()
+    existing = {c.pattern: c for c in config.configs}
+    for op in AVERAGING_OPS:
+        config.set_backend_pattern_config(
+            BackendPatternConfig(op).set_dtype_configs(existing[op].dtype_configs)
+            .set_observation_type(ObservationType.OUTPUT_USE_DIFFERENT_OBSERVER_AS_INPUT))
     dtypes = [weighted_op_quint8_dtype_config]
     for pattern, fused, qat_module in (
             ((nn.Conv2d, nn.ReLU6), ConvReLU6, QATConvReLU6),
@@ -398,3 +421,91 @@ def output_step(model: onnx.ModelProto) -> float | None:
     if producer is None or producer.op_type != "DequantizeLinear" or producer.input[1] not in values:
         return None
     return float(values[producer.input[1]].max())
+
+
+# A graph written faithfully differs from the fake-quant model, given the same inputs, only
+# where float rounding (another conv summation order, x / scale against x * (1 / scale)) lands
+# on the other side of a rounding boundary: one step, on a few values in 1e5 here (a few in
+# 1e4 after a 256-term average). Requantizing 2x2 averages onto their input's grid flipped 2-8%.
+NODE_MAX_MISMATCH = 0.01
+
+
+@torch.no_grad()
+def node_parity(qmodel: torch.fx.GraphModule, model: onnx.ModelProto, x: np.ndarray,
+                memory_mb: int = 512) -> dict | None:
+    """Each activation fake-quant of `qmodel` against its DequantizeLinear in the exported
+    graph (ORT_DISABLE_ALL), computed in torch from the graph's own values of the fake-quants
+    before it (teacher forcing): a difference is that node's own, not one carried from
+    upstream. A deep network carries a single one-step flip on to whole logits: EfficientNet at
+    32 px differs from itself by 1.7-3.9 in its logits when every conv output is perturbed by a
+    relative 1e-7, so end-to-end logits cannot tell a faithful export from a wrong node.
+
+    Returns the node count, the worst node (largest share of values off by more than half a
+    step, and its largest difference in steps) and `faithful` (every node within one step and
+    NODE_MAX_MISMATCH); None when some fake-quant has no DequantizeLinear of its name (the
+    exporter names the k-th call of a shared module `<name>_k`)."""
+    from onnxruntime import GraphOptimizationLevel
+    from torch.ao.quantization import FakeQuantizeBase
+
+    first_name = {}
+    for name, module in qmodel.named_modules():
+        first_name.setdefault(id(module), name)
+    dequantized = {n.name: n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
+    calls, tensor_of = {}, {}
+    for node in qmodel.graph.nodes:
+        if node.op != "call_module":
+            continue
+        module = qmodel.get_submodule(node.target)
+        if not isinstance(module, FakeQuantizeBase):
+            continue
+        k = calls[id(module)] = calls.get(id(module), -1) + 1
+        scope = first_name[id(module)] + (f"_{k}" if k else "")
+        tensor = dequantized.get(f"/{scope}/DequantizeLinear")
+        if tensor is None or module.scale.numel() != 1:
+            return None
+        tensor_of[node.name] = (tensor, module)
+    if not tensor_of:
+        return None
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    names = list(dict.fromkeys(t for t, _ in tensor_of.values()))
+    probe.graph.output.extend(onnx.helper.make_empty_tensor_value_info(t) for t in names
+                              if t not in {o.name for o in model.graph.output})
+    session = make_session(probe.SerializeToString(), level=GraphOptimizationLevel.ORT_DISABLE_ALL)
+    stats = {node: [0, 0, 0.0] for node in tensor_of}  # values, off by > 1/2 step, max steps
+
+    class Forced(torch.fx.Interpreter):
+        def run_node(self, n: torch.fx.Node):
+            out = super().run_node(n)
+            if n.name not in tensor_of:
+                return out
+            tensor, module = tensor_of[n.name]
+            got = torch.from_numpy(graph_values[tensor])
+            steps = ((out - got).abs() / module.scale.reshape(())).flatten()
+            s = stats[n.name]
+            s[0] += steps.numel()
+            s[1] += int((steps > 0.5).sum())
+            s[2] = max(s[2], float(steps.max()) if steps.numel() else 0.0)
+            return got.clone()  # the graph's value goes on (in place ops must not touch it)
+
+    was_training = qmodel.training
+    qmodel.eval()
+    try:
+        i, batch_size = 0, 1  # the first image sizes the batches (every tensor is kept)
+        while i < len(x):
+            graph_values = dict(zip(names, session.run(names, {INPUT_NAME: x[i:i + batch_size]})))
+            Forced(qmodel).run(torch.from_numpy(x[i:i + batch_size]))
+            if i == 0:
+                per_image = sum(v.nbytes for v in graph_values.values())
+                batch_size, i = max(1, min(64, (memory_mb << 20) // max(per_image, 1))), 1
+            else:
+                i += batch_size
+    finally:
+        qmodel.train(was_training)
+    node, (count, off, worst) = max(stats.items(),
+                                    key=lambda kv: (kv[1][1] / max(kv[1][0], 1), kv[1][2]))
+    faithful = all(s[2] < 1.5 and s[1] <= NODE_MAX_MISMATCH * s[0] for s in stats.values())
+    return {"nodes": len(stats), "samples": len(x), "faithful": faithful,
+            "worst": {"node": node, "mismatched": round(off / max(count, 1), 6),
+                      "max_steps": round(worst, 3)},
+            "max_steps": round(max(s[2] for s in stats.values()), 3)}

@@ -15,14 +15,16 @@ TINY_MODEL_MS = 0.05
 
 
 def build_summary(evals: dict[str, dict], benches: dict[str, dict],
-                  torch_bench: dict | None = None) -> dict:
+                  torch_bench: dict | None = None, failed: dict[str, str] | None = None) -> dict:
     """summary.json: per variant accuracy, size, latency and, against FP32 ONNX, drop, agreement,
     size ratio and speedup; throughput with every core busy; memory of a fresh process. Also
     the PyTorch eager baseline `torch` and the `machine` that measured it all.
 
     latency_p50_ms/speedup are those at the first thread count benched (bench.threads; all
     cores by default); by_threads has every thread count. A variant whose stage skipped (its
-    evaluate JSON says `skipped`) has no row, only its reason under `skipped`.
+    evaluate JSON says `skipped`) has no row, only its reason under `skipped`. A variant its
+    stage wrote but recorded as failed (`failed`: {variant: reason}; a static model out of the
+    criterion, a QAT export without parity) has its row, with the reason under `failed`.
     """
     skipped = {v: ev["skipped"] for v, ev in evals.items() if "skipped" in ev}
     evals = {v: ev for v, ev in evals.items() if v not in skipped}
@@ -49,6 +51,8 @@ def build_summary(evals: dict[str, dict], benches: dict[str, dict],
         entry["best"] = b["best"]
         entry["runtimes"] = {name: _engine_entry(e, threads) for name, e in b["runtimes"].items()
                              if not e.get("reference")}
+        if variant in (failed or {}):
+            entry["failed"] = failed[variant]
         summary[variant] = entry
     if torch_bench is not None:
         # PyTorch eager vs FP32 ONNX: a speedup below 1 means the ONNX export alone is faster.
@@ -119,7 +123,8 @@ def _latency(rows_by_threads: dict[str, dict], threads: list[int], with_speedup:
 
 def recommend(summary: dict, gates: GatesParams) -> dict[str, dict]:
     """The variant to ship per batch size: the fastest (its `best` configuration) among FP32 and
-    the quantized variants that keep within gates.max_accuracy_drop_pp and are no slower than
+    the quantized variants that did not fail their stage's check (`failed`), keep within
+    gates.max_accuracy_drop_pp and are no slower than
     FP32 in any measurement at that batch size — every thread count on ONNX Runtime and the
     best configurations against each other. FP32 when none is; `why` says what decided it."""
     fp32 = summary["fp32"]
@@ -132,7 +137,9 @@ def recommend(summary: dict, gates: GatesParams) -> dict[str, dict]:
                         for count, row in entry["by_threads"].items()}
             speedups["best configurations"] = entry["best"]["latency"][bs]["speedup"]
             slower = {k: v for k, v in speedups.items() if v < 1.0}
-            if entry["accuracy_drop_pp"] > gates.max_accuracy_drop_pp:
+            if "failed" in entry:
+                reasons.append(f"{variant} failed its stage's check")
+            elif entry["accuracy_drop_pp"] > gates.max_accuracy_drop_pp:
                 reasons.append(f"{variant} loses {entry['accuracy_drop_pp']:.2f} pp > "
                                f"gates.max_accuracy_drop_pp")
             elif slower:
@@ -174,7 +181,8 @@ def _fastest_then_most_accurate(summary: dict, candidates: list[str], bs: str) -
 
 def check_gates(summary: dict, gates: GatesParams) -> list[str]:
     """Human-readable gate failures; empty when all gates hold."""
-    failures = []
+    failures = [f"{variant} failed: {summary[variant]['failed']}" for variant in quantized_of(summary)
+                if "failed" in summary[variant]]
     for variant in quantized_of(summary):
         drop = summary[variant]["accuracy_drop_pp"]
         if drop > gates.max_accuracy_drop_pp:
@@ -327,6 +335,10 @@ def _recommendation(summary: dict, notes: list[str]) -> list[str]:
     if lines:
         lines = ["**Recommended** (by latency, within `gates.max_accuracy_drop_pp`, never slower "
                  "than FP32):", "", *lines]
+    failed = {v: summary[v]["failed"] for v in quantized_of(summary) if "failed" in summary[v]}
+    if failed:
+        lines += ["", "**Failed** (measured below, left out of the recommendation; the gates "
+                  "fail on it):", "", *[f"- `{v}`: {why}" for v, why in failed.items()]]
     if notes:
         lines += (["", "**Where INT8 does not pay (or pays less)**:", ""] if lines else []) \
             + [f"- {n}" for n in notes]
@@ -349,7 +361,8 @@ def _headline_table(rows: dict[str, dict], sizes: list[str]) -> list[str]:
     head += [f"p50 {k} (ms)" for k in sizes] + [f"speedup {k}" for k in sizes]
     body = []
     for variant, s in rows.items():
-        cells = [variant, f"{s['accuracy']:.4f}", _fmt(s.get("accuracy_drop_pp"), ".2f"),
+        name = f"{variant} (failed)" if "failed" in s else variant
+        cells = [name, f"{s['accuracy']:.4f}", _fmt(s.get("accuracy_drop_pp"), ".2f"),
                  _fmt(s.get("agreement"), ".4f"), f"{s['size_bytes'] / 1e6:.2f}",
                  _fmt(s.get("size_ratio"), ".3f")]
         cells += [_fmt(s["latency_p50_ms"].get(k), ".3f") for k in sizes]

@@ -33,6 +33,9 @@ PROBE = "machine"
 
 RAN = re.compile(r"^Running stage '([^']+)'", re.M)
 RESTORED = re.compile(r"^Stage '([^']+)' is cached - skipping run", re.M)
+# Every task works in a clone of its own, where nothing else takes DVC's lock; waiting for it
+# (quantpipe.dvcrun says why) costs nothing and keeps a result safe if someone does.
+DVC = [sys.executable, "-m", "dvc", "--wait-for-lock"]
 
 # Runs a command in its own process group and kills the whole group when its parent (the
 # Dask worker) dies: a worker killed mid-experiment must not leave `dvc exp run` and its
@@ -147,13 +150,12 @@ def run_experiment(job: Job) -> dict:
     try:
         _step(["git", "clone", "-q", "--no-checkout", job.git_url, str(repo)], ws, log)
         _step(["git", "checkout", "-q", "--detach", job.rev], repo, log)
-        _step([sys.executable, "-m", "dvc", "pull", "--run-cache", "--allow-missing"], repo, log)
+        _step([*DVC, "pull", "--run-cache", "--allow-missing"], repo, log)
         runs = _runs_dir(repo)
         before = set(_run_cache_entries(runs))
         exp_start = time.perf_counter()
         flags = [arg for o in job.overrides for arg in ("-S", o)]
-        rc, text = _run([sys.executable, "-m", "dvc", "exp", "run", "--pull", "-n", job.name,
-                         *flags], repo, log)
+        rc, text = _run([*DVC, "exp", "run", "--pull", "-n", job.name, *flags], repo, log)
         row.update(exp_seconds=round(time.perf_counter() - exp_start, 1),
                    ran=RAN.findall(text), restored=RESTORED.findall(text))
         if rc:
@@ -162,9 +164,8 @@ def run_experiment(job: Job) -> dict:
         # Outputs first, then the run-cache entries: an entry must never reach the remote
         # before what it restores (DVC tries only the newest entry of a stage).
         _push_run_cache_outputs(repo, runs, before)
-        _step([sys.executable, "-m", "dvc", "push", "--run-cache"], repo, log)
-        _step([sys.executable, "-m", "dvc", "exp", "push", "-f", "--no-cache", "origin", job.name],
-              repo, log)
+        _step([*DVC, "push", "--run-cache"], repo, log)
+        _step([*DVC, "exp", "push", "-f", "--no-cache", "origin", job.name], repo, log)
         row["metrics"] = {name: json.loads((repo / "metrics" / f"{name}.json").read_text())
                           for name in ("summary", "quantize_static", "machine")}
         return row

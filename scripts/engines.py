@@ -34,6 +34,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from quantpipe import dvcrun  # noqa: E402
 from quantpipe.io import write_json  # noqa: E402
 
 FOLDER = "inputs/colour_digits"
@@ -90,7 +91,8 @@ def dvc(repo: Path, log: Path, *args: str) -> None:
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
            "DVC_NO_ANALYTICS": "1"}
     with log.open("a") as out:
-        done = subprocess.run(["dvc", *args], cwd=repo, stdout=out, stderr=subprocess.STDOUT, env=env)
+        done = subprocess.run(dvcrun.command(list(args)), cwd=repo, stdout=out,
+                              stderr=subprocess.STDOUT, env=env)
     if done.returncode:
         raise SystemExit(f"dvc {' '.join(args)} failed in {repo}; see {log}")
 

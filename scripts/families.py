@@ -8,17 +8,18 @@ would try them:
         -S train.epochs=2 ...
 
 with the bench narrowed to batches 1 and 32 on 1 thread (the table's column; a wider grid only
-makes the sweep longer), QAT off (its fine-tuning would take a third of the sweep;
-tests/test_families.py prepares and exports every family's QAT model) and gates reported, not
-enforced (a model INT8 does not pay for is a row of the table, not a stop). A model that cannot take 32 px fails in one line naming the
-nearest valid `prepare.image_size`; the script records that line and runs the model again at
-the printed size, so the table shows both.
+makes the sweep longer) and gates reported, not enforced (a model INT8 does not pay for, or a
+variant that fails its check, is a row of the table, not a stop); everything else, QAT
+included, at the defaults. A model that cannot take 32 px fails in one line naming the nearest
+valid `prepare.image_size`; the script records that line and runs the model again at the
+printed size, so the table shows both.
 
     python scripts/families.py                       # -> metrics/families.json + table
     python scripts/families.py --only vit_b_16 mnasnet0_5 -o /tmp/f.json
     python scripts/families.py --resume              # keep rows already in the output file
+    python scripts/families.py --readme              # README's table from metrics/families.json
 
-About 1-2 hours on 2 cores for all 21 (the transformers and wide CNNs take longest).
+About 2-3 hours on 2 cores for all 21 (the transformers and wide CNNs take longest).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ SIZE, BATCH = 32, 32
 # Same for every row; the model and image size come per run.
 SETTINGS = {"prepare.channels": 3, "train.epochs": 2, "bench.batch_sizes": f"[1,{BATCH}]",
             "bench.threads": "[1]", "bench.warmup": 3, "bench.runs": 30, "bench.rounds": 3,
-            "quantize_qat.enabled": "false", "gates.enforce": "false"}
+            "gates.enforce": "false"}
 NEAREST = re.compile(r"nearest valid prepare\.image_size is (\d+)")
 
 
@@ -94,32 +95,77 @@ def row(repo: Path, family: str, model: str, size: int, seconds: float) -> dict:
         all(t["speedup"][bs] >= 1 for t in chosen["by_threads"].values())
         and chosen["best"]["latency"][bs]["speedup"] >= 1)
     gates = load_params(repo / "params.yaml").gates
+    static_stage, qat_stage = read("metrics/quantize_static.json"), read("metrics/quantize_qat.json")
+
+    def variant(name: str) -> dict:
+        s = summary.get(name)
+        if s is None:
+            return {"skipped": summary.get("skipped", {}).get(name)}
+        return {"accuracy": s["accuracy"], "agreement": s["agreement"],
+                "speedup": one_thread(name), **({"failed": s["failed"]} if "failed" in s else {})}
+
     return {
         "family": family, "model": model, "image_size": size, "result": "ok",
         "fp32_accuracy": summary["fp32"]["accuracy"],
-        "static_accuracy": summary["static"]["accuracy"],
-        "dynamic_accuracy": summary["dynamic"]["accuracy"],
-        "static_speedup": one_thread("static"), "dynamic_speedup": one_thread("dynamic"),
+        "static": {**variant("static"), "pool_agreement": static_stage["pool"]["agreement"],
+                   "rule": static_stage["rule"], "calibrate_method": static_stage.get("calibrate_method"),
+                   "op_types_to_quantize": static_stage.get("op_types_to_quantize"),
+                   "nodes_in_float": len(static_stage["nodes_in_float"])},
+        "qat": {**variant("qat"), **({"parity_agreement": qat_stage["parity"]["agreement"],
+                                      "parity_max_abs_diff": qat_stage["parity"]["max_abs_diff"]}
+                                     if "parity" in qat_stage else {})},
+        "dynamic": variant("dynamic"),
         "fp32_p50_ms": summary["fp32"]["by_threads"]["threads1"]["latency_p50_ms"][bs],
         "recommended": recommended, "recommended_never_slower": never_slower,
         "gate_failures": report.check_gates(summary, gates),
         "seconds": round(seconds, 1), "cpu": summary["machine"].get("cpu")}
 
 
+# Why a variant failed, in a table cell: the rule, not the whole message.
+FAILED_SHORT = (("agreement_floor", "agreement floor"), ("differs from the fake-quant", "export parity"),
+                ("McNemar", "real drop"))
+
+
+def _cell(v: dict, *, parity: bool = False) -> str:
+    """'acc (agreement) xSPEED', or why there is none; a failed variant says which check."""
+    if "accuracy" not in v:
+        return "skipped" if v.get("skipped") else ""
+    text = f"{v['accuracy']:.3f} ({v['agreement']:.3f}) x{v['speedup']:.2f}"
+    if parity and "parity_agreement" in v:
+        text += f", parity {v['parity_agreement']:.3f}"
+    if "failed" in v:
+        rule = next((short for key, short in FAILED_SHORT if key in v["failed"]), "check")
+        text += f" **failed: {rule}**"
+    return text
+
+
 def markdown(rows: list[dict]) -> str:
-    out = [f"| family | model | px | result | fp32 acc | static x bs{BATCH} | dynamic x bs{BATCH} | "
-           f"recommended bs{BATCH} | min |", "|---|---|---|---|---|---|---|---|---|"]
+    """The README's table (scripts/families.py --markdown prints it from metrics/families.json)."""
+    out = [f"| family | model | px | fp32 acc | static: acc (agreement) x bs{BATCH} | "
+           f"qat: acc (agreement) x bs{BATCH}, export parity | dynamic: acc (agreement) x bs{BATCH} | "
+           f"`recommended` bs{BATCH} | min |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["result"] != "ok":
             out.append(f"| {r['family']} | {r['model']} | {r['image_size']} | {r['result']} "
                        f"| | | | | {r['seconds'] / 60:.1f} |")
             continue
         rec = r["recommended"]
-        where = "" if rec["variant"] == "fp32" else f" ({rec['runtime']}, x{rec['speedup']:.2f})"
-        out.append(f"| {r['family']} | {r['model']} | {r['image_size']} | ok | "
-                   f"{r['fp32_accuracy']:.3f} | {r['static_speedup']:.2f} | "
-                   f"{r['dynamic_speedup']:.2f} | {rec['variant']}{where} | {r['seconds'] / 60:.1f} |")
+        engine = {"onnxruntime": "ORT", "openvino": "OpenVINO"}.get(rec["runtime"], rec["runtime"])
+        where = "" if rec["variant"] == "fp32" else f", {engine} x{rec['speedup']:.2f}"
+        out.append(f"| {r['family']} | {r['model']} | {r['image_size']} | {r['fp32_accuracy']:.3f} | "
+                   f"{_cell(r['static'])} | {_cell(r['qat'], parity=True)} | {_cell(r['dynamic'])} | "
+                   f"{rec['variant']}{where} | {r['seconds'] / 60:.1f} |")
     return "\n".join(out)
+
+
+# README.md holds the table between these lines, written by --readme (tests check it is).
+MARKERS = ("<!-- families table: scripts/families.py --readme -->", "<!-- end of families table -->")
+
+
+def with_table(readme: str, table: str) -> str:
+    """README text with the block between MARKERS replaced by `table`."""
+    start, end = readme.index(MARKERS[0]) + len(MARKERS[0]), readme.index(MARKERS[1])
+    return f"{readme[:start]}\n{table}\n{readme[end:]}"
 
 
 def main() -> None:
@@ -130,7 +176,16 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true", help="keep the rows already in --output")
     parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                         help="more params for every run (e.g. a quantization setting to compare)")
+    parser.add_argument("--readme", action="store_true",
+                        help="only write the table of --output into README.md (between its "
+                             "families-table markers)")
     args = parser.parse_args()
+    if args.readme:
+        readme = ROOT / "README.md"
+        table = markdown(json.loads(args.output.read_text())["rows"])
+        readme.write_text(with_table(readme.read_text(), table))
+        print(table)
+        return
     extra = dict(kv.split("=", 1) for kv in args.set)
     members = [(f, m) for f, m in MEMBERS if not args.only or m in args.only]
     done = json.loads(args.output.read_text())["rows"] if args.resume and args.output.exists() else []

@@ -36,6 +36,9 @@ if ! command -v dvc >/dev/null; then
     exit 2
 fi
 cd "$(dvc root)"
+# DVC commands that take the repository lock go through quantpipe.dvcrun (--wait-for-lock, and
+# a stop with the reason while another run's stage is going), with the python beside `dvc`.
+dvc_python=$(dirname "$(command -v dvc)")/python
 
 has_rev() { git rev-parse --verify --quiet "$1^{commit}" >/dev/null; }
 
@@ -66,7 +69,7 @@ fi
 
 if remote=$(dvc remote default 2>/dev/null) && [[ -n $remote ]]; then
     echo "Fetching cached metrics and plots from DVC remote '$remote'." >&2
-    if ! dvc fetch --quiet --type metrics --type plots; then
+    if ! "$dvc_python" -m quantpipe.dvcrun fetch --quiet --type metrics --type plots; then
         # Not fatal: metrics diff reads git; plots missing from storage show as errors below.
         echo "warning: dvc fetch from '$remote' failed; comparing what is available." >&2
     fi

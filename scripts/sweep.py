@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from quantpipe import sweep  # noqa: E402
+from quantpipe import dvcrun, sweep  # noqa: E402
 from quantpipe.errors import UserError  # noqa: E402
 from quantpipe.io import write_json  # noqa: E402
 from quantpipe.report import QUANTIZED  # noqa: E402
@@ -123,9 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     seconds = time.perf_counter() - start
     done = [r["name"] for r in rows if "metrics" in r]
     if done:
-        pulled = subprocess.run([sys.executable, "-m", "dvc", "exp", "pull", "-f", "--no-cache",
-                                 args.git_remote, *done], cwd=project, capture_output=True,
-                                text=True)
+        pull = ["exp", "pull", "-f", "--no-cache", args.git_remote, *done]
+        try:
+            dvcrun.check_idle(project, pull)  # not while a run in this workspace needs the lock
+        except UserError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        pulled = subprocess.run(dvcrun.command(pull), cwd=project, capture_output=True, text=True)
         if pulled.returncode:
             print(f"error: dvc exp pull: {sweep.error_line(pulled.stdout + pulled.stderr)}",
                   file=sys.stderr)

@@ -3,9 +3,11 @@
 The fourth variant, for when post-training quantization loses too much: the trained model is
 fine-tuned for quantize_qat.epochs with U8/S8 fake quantization whose ranges start from
 data/calibration, its BatchNorm folded, and exported as QDQ (quantpipe.qat). The exported model
-must agree with the fake-quant PyTorch model on the test split. A model brought as ONNX has no
-PyTorch weights to fine-tune: then, or with quantize_qat.enabled: false, models/qat.onnx is
-written empty and the metrics say why (evaluate@qat, bench@qat and report follow suit).
+must agree with the fake-quant PyTorch model on the test split; when it does not, it is written
+all the same and recorded as `failed` (the report leaves it out of `recommended`). A model
+brought as ONNX has no PyTorch weights to fine-tune: then, with quantize_qat.enabled: false, or
+when torch.fx or the exporter cannot handle the model, models/qat.onnx is written empty and
+the metrics say why (evaluate@qat, bench@qat and report follow suit).
 """
 
 import sys
@@ -20,7 +22,6 @@ import torch  # noqa: E402
 from onnxruntime import GraphOptimizationLevel  # noqa: E402
 
 from quantpipe import data, models, onnxutil, qat  # noqa: E402
-from quantpipe.errors import UserError  # noqa: E402
 from quantpipe.io import run_stage, write_bytes, write_json  # noqa: E402
 from quantpipe.params import load_params  # noqa: E402
 
@@ -29,6 +30,7 @@ CALIBRATION = Path("data/calibration")
 MODEL = Path("models/model.pt")
 QAT = Path("models/qat.onnx")
 METRICS = Path("metrics/quantize_qat.json")
+NODE_SAMPLES = 256  # test images for the node-by-node check (quantpipe.qat.node_parity)
 
 
 def compare(got: np.ndarray, expected: np.ndarray) -> dict:
@@ -111,12 +113,28 @@ def main() -> None:
         "epoch_seconds": [h.seconds for h in history], "seconds": seconds,
         "parity": parity, "size_bytes": len(blob), "ops": onnxutil.op_counts(proto)}
     if parity["agreement"] < p.min_agreement or parity["max_abs_diff"] > p.max_abs_diff:
-        write_json(METRICS, metrics)  # what the user reads to judge the failure
-        raise UserError(
-            f"{QAT}: the exported QDQ graph differs from the fake-quant PyTorch model on "
-            f"{len(x_test)} test images (max |logit diff| {parity['max_abs_diff']:.3g}, "
-            f"agreement {parity['agreement']:.2%}; quantize_qat.max_abs_diff = {p.max_abs_diff}, "
-            f"min_agreement = {p.min_agreement}); see {METRICS}")
+        # A deep network (EfficientNet) carries float rounding's one-step flips on to whole
+        # logits: node by node, each fake-quant computed from the graph's own inputs, tells a
+        # faithful export (the limits are then waived) from a node written wrong (named).
+        nodes = parity["nodes"] = qat.node_parity(qmodel, proto, x_test[:NODE_SAMPLES])
+        logits = (f"max |logit diff| {parity['max_abs_diff']:.3g}, agreement "
+                  f"{parity['agreement']:.2%}; quantize_qat.max_abs_diff = {p.max_abs_diff}, "
+                  f"min_agreement = {p.min_agreement}")
+        where = "" if nodes is None else (
+            f"; node by node, {nodes['worst']['node']} differs on "
+            f"{nodes['worst']['mismatched']:.2%} of its values, by up to {nodes['max_steps']:g} steps")
+        if nodes is not None and nodes["faithful"]:
+            print(f"quantize_qat: logits beyond the limits ({logits}), but each of "
+                  f"{nodes['nodes']} fake-quants matches its QDQ node from the same inputs up to "
+                  f"float rounding{where}: the fake-quant model's own sensitivity, not the export")
+        else:
+            # Still written: evaluate and bench measure it against FP32 like any variant, and
+            # the report shows it failed, leaves it out of `recommended` and fails the gates
+            # after report.md is written; the other variants go on.
+            metrics["failed"] = (
+                f"the exported QDQ graph differs from the fake-quant PyTorch model on "
+                f"{len(x_test)} test images ({logits}{where}); see {METRICS}")
+            print(f"quantize_qat: FAILED: {metrics['failed']}", file=sys.stderr)
     write_bytes(QAT, blob)
     write_json(METRICS, metrics)
     print(f"quantize_qat: {name}, {p.epochs} epoch(s) at lr {p.lr:g}: val accuracy "

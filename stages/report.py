@@ -19,8 +19,12 @@ def main() -> None:
         evals["qat"]["skipped"] = qat["skipped"]  # the reason itself, not "the file is empty"
     benches = {v: read_json(f"metrics/bench/{v}.json") for v in VARIANTS}
     torch_bench = read_json("metrics/bench/torch.json")
+    # A variant its stage wrote but could not vouch for (quantize_static out of the criterion,
+    # quantize_qat without export parity): measured and shown, never recommended.
+    stages = {"static": read_json("metrics/quantize_static.json"), "qat": qat}
+    failed = {v: m["failed"] for v, m in stages.items() if "failed" in m and "skipped" not in evals[v]}
     summary = report.build_summary(evals, benches,
-                                   None if "skipped" in torch_bench else torch_bench)
+                                   None if "skipped" in torch_bench else torch_bench, failed)
     summary["recommended"] = report.recommend(summary, params.gates)
     profiles = {v: b["kernel_profile"] for v, b in benches.items() if "kernel_profile" in b}
     notes = (report.slowdown_notes(summary, evals, summary["machine"], profiles)

@@ -34,6 +34,22 @@ class TwoConvNet(nn.Module):
         return self.fc(torch.flatten(x, 1))
 
 
+
+class TinyViT(nn.Module):
+    """A one-block vision transformer: 4x4 patches of a (1, 12, 12) image, self-attention, a
+    linear head. Its graph has what marks attention: MatMuls of two activations, Softmax,
+    LayerNormalization."""
+
+    def __init__(self, num_classes: int = 4, dim: int = 16) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(1, dim, 4, stride=4)
+        self.encoder = nn.TransformerEncoderLayer(dim, 2, 2 * dim, dropout=0.0, batch_first=True)
+        self.head = nn.Linear(dim, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch(x).flatten(2).transpose(1, 2)  # (B, 9, dim)
+        return self.head(self.encoder(x).mean(1))
+
 def structured_images(n: int, *, channels: int = 1, size: int = 12, num_classes: int = 4,
                       seed: int = 0) -> data.Split:
     """uint8 (n, C, S, S) images: a bright square whose position encodes the class, plus noise.

@@ -755,6 +755,29 @@ def test_a_skipped_variant_has_no_row_and_the_report_says_why(evals, benches):
     assert "| qat |" not in text
 
 
+def test_a_failed_variant_is_measured_shown_never_recommended_and_fails_the_gates(evals, benches):
+    passing = report.recommend(report.build_summary(evals, benches), GatesParams())
+    picked = {r["variant"] for r in passing.values()} - {"fp32"}
+    assert picked  # the fixture's INT8 variants pay: one of them is recommended
+    variant = sorted(picked)[0]
+    why = ("agreement with FP32 on 2000 pool images 83.85% < agreement_floor 97.00%, a real "
+           "change whatever the validation drop")
+    summary = report.build_summary(evals, benches, failed={variant: why})
+    assert summary[variant]["failed"] == why
+    assert [v for v in report.QUANTIZED if "failed" in summary[v]] == [variant]
+    assert summary[variant]["speedup"]  # still measured
+    recommended = report.recommend(summary, GatesParams())
+    assert all(r["variant"] != variant for r in recommended.values())
+    assert f"{variant} failed its stage's check" in " ".join(r["why"] for r in recommended.values()) \
+        or all(r["variant"] != "fp32" for r in recommended.values())
+    assert report.check_gates(summary, GatesParams(max_accuracy_drop_pp=5.0)) == \
+        [f"{variant} failed: {why}"]
+    summary["recommended"] = recommended
+    text = report.render_markdown(summary, [])
+    assert f"- `{variant}`: {why}" in text and f"| {variant} (failed) |" in text
+    assert text.index("**Failed**") < text.index("## ")  # at the top, beside the recommendation
+
+
 def test_qat_accuracy_drop_is_gated_like_the_other_variants(evals, benches):
     evals["qat"]["accuracy"] = 0.95
     failures = report.check_gates(report.build_summary(evals, benches),

@@ -47,7 +47,8 @@ def _flipped(b: int, c: int, n: int):
 
 POOL_OK = criterion.Comparison(samples=2000, agreement=0.9995)
 POOL_BAD = criterion.Comparison(samples=2000, agreement=0.98)
-LIMITS = {"max_drop_pp": 0.5, "significance": 0.1, "min_pool_agreement": 0.995}
+LIMITS = {"max_drop_pp": 0.5, "significance": 0.1, "min_pool_agreement": 0.995,
+          "agreement_floor": 0.97}
 
 
 def test_two_flipped_images_of_179_are_noise():
@@ -76,6 +77,24 @@ def test_a_drop_within_the_limit_is_never_real():
     assert not criterion.judge(_val(0, 5), POOL_BAD, **LIMITS).real        # INT8 better
 
 
+def test_agreement_below_the_floor_is_real_whatever_the_drop_and_mcnemar_say():
+    # EfficientNet-V2-S's static model in the families study: 1.2 pp on val with flips that
+    # cancel (McNemar: noise), 83.85% agreement on the pool. It lost 2.4 pp on test.
+    val = _val(14, 12, n=500)
+    pool = criterion.Comparison(samples=2000, agreement=0.8385)
+    assert not criterion.judge(val, pool, **{**LIMITS, "agreement_floor": 0.0}).real  # old rule
+    verdict = criterion.judge(val, pool, **LIMITS)
+    assert verdict.real and verdict.rule == "agreement_floor"
+    assert verdict.why.startswith("agreement with FP32 on 2000 pool images 83.85% < "
+                                  "agreement_floor 97.00%, a real change whatever the validation "
+                                  "drop (0.40 pp: 14 FP32-right -> INT8-wrong vs 12 back")
+    # INT8 winning on val does not excuse it either; at the floor itself the usual rules apply.
+    assert criterion.judge(_val(0, 5), pool, **LIMITS).rule == "agreement_floor"
+    at_floor = criterion.Comparison(samples=2000, agreement=0.97)
+    assert criterion.judge(val, at_floor, **LIMITS).rule == "within_drop"
+    assert criterion.judge(_val(12, 1), at_floor, **LIMITS).rule == "real_drop"
+
+
 def test_pool_indices_skip_calibration_and_spread_evenly():
     idx = criterion.pool_indices(10, exclude=np.array([0, 3]), size=100)
     assert idx.tolist() == [1, 2, 4, 5, 6, 7, 8, 9]
@@ -99,9 +118,10 @@ def test_assess_records_the_comparisons_and_the_verdict():
     ref = np.array([0, 1, 2, 3, 0, 1, 0, 0])      # FP32: 6 of 8 right
     pred = np.array([0, 1, 1, 3, 0, 2, 2, 0])     # loses 2, wins 1
     judged = criterion.assess(pred, ref[:4], ref, ref[:4], y, max_drop_pp=0.5, significance=0.1,
-                              min_pool_agreement=0.995)
+                              min_pool_agreement=0.995, agreement_floor=0.97)
     record = judged.record
     assert record["val_accuracy"] == pytest.approx(5 / 8) and record["accuracy_drop_pp"] == 12.5
     assert record["val"]["flips"] == 3 and record["pool"] == {"samples": 4, "agreement": 1.0}
     assert not judged.real and "is noise" in record["verdict"]  # 2 vs 1: McNemar p = 0.5
+    assert record["rule"] == "mcnemar_noise"
     assert list(judged.predictions) == list(pred) + list(ref[:4])

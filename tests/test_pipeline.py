@@ -163,6 +163,40 @@ def test_gates_fail_report_unless_not_enforced(project):
     assert "gate: static speedup" in run.stderr + run.stdout  # still reported, as a warning
 
 
+def test_a_failed_variant_is_reported_then_fails_the_gates(project):
+    """A static model the criterion rejects is written (here the same bytes as before: only
+    the verdict changes), measured and shown as failed; report.md is written before the gates
+    stop the run."""
+    repo, _ = project
+    original = (repo / "params.yaml").read_text()
+    pool = json.loads((repo / "metrics/quantize_static.json").read_text())["pool"]["agreement"]
+    assert pool < 1.0  # what makes a floor of 100% fire on this tiny model
+    try:
+        set_params(repo, {"quantize_static": {"min_pool_agreement": 1.0, "agreement_floor": 1.0,
+                                              "max_fallback_steps": 0},
+                          "gates": {"enforce": True}})
+        (repo / "metrics/report.md").unlink()
+        run = subprocess.run(["dvc", "repro"], cwd=repo, capture_output=True, text=True)
+        out = run.stdout + run.stderr
+        assert run.returncode != 0, out
+        q = json.loads((repo / "metrics/quantize_static.json").read_text())
+        assert q["rule"] == "agreement_floor" and q["real_drop"] is True
+        assert q["failed"].startswith(f"agreement with FP32 on 2000 pool images {pool:.2%} < "
+                                      "agreement_floor 100.00%")
+        assert "(rule: quantize_static.agreement_floor)" in q["failed"]
+        summary = json.loads((repo / "metrics/summary.json").read_text())
+        assert summary["static"]["failed"] == q["failed"]
+        assert summary["static"]["accuracy"] and summary["static"]["speedup"]  # still measured
+        assert all(r["variant"] != "static" for r in summary["recommended"].values())
+        text = (repo / "metrics/report.md").read_text()
+        assert f"- `static`: {q['failed']}" in text
+        assert f"gate: static failed: {q['failed']}" in run.stderr
+        assert "ERROR: failed to reproduce 'report'" in run.stderr
+    finally:
+        (repo / "params.yaml").write_text(original)
+    assert "quantize_static" in reproduce(repo)  # back as it was (the run cache restores it)
+
+
 def test_another_machine_re_measures_what_depends_on_it(project):
     """Metrics committed on another machine: `dvc repro` here re-runs evaluate, bench,
     bench_torch and report (not train or quantize), and then the report names this machine."""

@@ -268,3 +268,46 @@ def test_the_torchvision_families_export_fused(tmp_path):
         qmodel = qat.fold_batch_norms(qmodel.eval())
         ops = optimized_ops(qat.export_qdq(qmodel, (3, 32, 32), OPSET, name), tmp_path)
         assert "QLinearConv" in ops and not {"Conv", "Clip", "BatchNormalization"} & set(ops), name
+
+
+class SqueezeExciteNet(nn.Module):
+    """Conv -> SiLU -> Squeeze-Excitation on a 2x2 map -> Linear: EfficientNet's block at 32 px,
+    in a few hundred weights."""
+
+    def __init__(self, num_classes: int = 4) -> None:
+        from torchvision.ops import SqueezeExcitation
+
+        super().__init__()
+        self.conv, self.act = nn.Conv2d(1, 16, 3, stride=6, padding=1), nn.SiLU()  # 12 -> 2 px
+        self.se = SqueezeExcitation(16, 4)
+        self.fc = nn.Linear(64, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(self.se(self.act(self.conv(x))), 1))
+
+
+def test_an_average_is_requantized_on_a_range_of_its_own(digits, tmp_path):
+    """A mean of 4 codes requantized on its input's grid lands on a tie once in 4, where torch
+    and ORT round apart: node_parity finds that node; with a range of its own it matches."""
+    from torch.ao.quantization.backend_config import get_native_backend_config
+    from torch.ao.quantization.quantize_fx import prepare_qat_fx
+
+    split, x = digits
+    torch.manual_seed(0)
+    model = trained_on(SqueezeExciteNet(), x, split.y, steps=20, lr=0.02)
+    shared = prepare_qat_fx(model, qat.qconfig_mapping(True), (torch.zeros(1, *SHAPE),),
+                            backend_config=get_native_backend_config())  # torch's default
+    for qmodel, faithful in ((shared, False), (qat.prepare(model, SHAPE, True, "se"), True)):
+        qat.calibrate(qmodel, x, batch_size=16)
+        qmodel = qat.fold_batch_norms(qmodel.eval())
+        pool = next(n for n in qmodel.graph.nodes if n.target == "se.avgpool")
+        assert (qmodel.get_submodule(next(iter(pool.users)).target)
+                is qmodel.get_submodule(pool.args[0].target)) != faithful
+        proto = qat.export_qdq(qmodel, SHAPE, OPSET, "se")
+        nodes = qat.node_parity(qmodel, proto, x)
+        assert nodes["faithful"] == faithful, nodes
+        if faithful:
+            assert nodes["max_steps"] <= 1 and nodes["worst"]["mismatched"] < 0.001
+            assert "QLinearGlobalAveragePool" in optimized_ops(proto, tmp_path)
+        else:  # the pooled values' fake-quant, named
+            assert nodes["worst"]["node"] == next(iter(pool.users)).name, nodes

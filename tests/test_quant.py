@@ -13,7 +13,7 @@ import torch
 from onnx import numpy_helper
 from onnxruntime.quantization import QuantFormat, QuantType
 
-from helpers import TwoConvNet, export_to, info_for, structured_images, trained_on
+from helpers import TinyViT, TwoConvNet, export_to, info_for, structured_images, trained_on
 from quantpipe import criterion, data, onnxutil, quant
 from quantpipe.errors import UserError
 from quantpipe.params import QuantizeDynamicParams, QuantizeStaticParams
@@ -252,6 +252,58 @@ def test_static_unknown_excluded_node_is_a_user_error(fp32_path, tmp_path, calib
         _static(fp32_path, tmp_path, calib, info, nodes_to_exclude=("conv9",))
     assert "quantize_static.nodes_to_exclude" in str(e.value) and "conv9" in str(e.value)
     assert not (tmp_path / "static.onnx").exists()
+
+
+# --- which op types: the transformer default ---------------------------------------------------
+
+@pytest.fixture(scope="module")
+def vit_path(tmp_path_factory, calib, info) -> Path:
+    torch.manual_seed(0)
+    model = trained_on(TinyViT(), data.normalize(calib.x, info), calib.y)
+    return export_to(model, SHAPE, tmp_path_factory.mktemp("vit") / "fp32.onnx")
+
+
+def _weight_is_int8(model: onnx.ModelProto, op_type: str) -> bool:
+    """Whether the (single) node of op_type reads its weight through DequantizeLinear."""
+    (node,) = [n for n in model.graph.node if n.op_type == op_type]
+    producer = _producers(model).get(node.input[1])
+    return producer is not None and producer.op_type == "DequantizeLinear"
+
+
+def test_a_graph_with_attention_gets_gemm_and_matmul_only(vit_path, tmp_path, calib, info):
+    fp32 = onnx.load(str(vit_path))
+    attention = quant.attention_matmuls(fp32)
+    assert len(attention) == 2  # Q by K, and the attention weights by V
+    (tmp_path / "default").mkdir()
+    (tmp_path / "named").mkdir()
+    model, result = _static_result(vit_path, tmp_path / "default", calib, info)
+    assert result.op_types_to_quantize == ["Gemm", "MatMul"]
+    assert result.op_selection.startswith("attention (2 MatMul(s) of two activations")
+    # The same model as asking for Gemm/MatMul by name; the patch Conv stays in float.
+    named, _ = _static_result(vit_path, tmp_path / "named", calib, info,
+                              op_types_to_quantize=("Gemm", "MatMul"))
+    assert onnxutil.op_counts(model) == onnxutil.op_counts(named)
+    assert not _weight_is_int8(model, "Conv")
+    producers = _producers(model)
+    for name in attention:  # both operands quantized: they run as integer MatMuls
+        node = _node(model, name)
+        assert all(producers[i].op_type == "DequantizeLinear" for i in node.input[:2])
+    x = data.normalize(calib.x, info)
+    assert (_logits(model, x).argmax(1) == _logits(vit_path, x).argmax(1)).mean() >= 0.95
+
+
+def test_op_types_to_quantize_overrides_the_transformer_default(vit_path, tmp_path, calib, info):
+    model, result = _static_result(vit_path, tmp_path, calib, info,
+                                   op_types_to_quantize=("Conv", "MatMul", "Gemm", "Add"))
+    assert result.op_types_to_quantize == ["Conv", "MatMul", "Gemm", "Add"]
+    assert result.op_selection == "quantize_static.op_types_to_quantize"
+    assert _weight_is_int8(model, "Conv")
+
+
+def test_a_graph_without_attention_gets_every_op_type(fp32_path, fp32, tmp_path, calib, info):
+    assert quant.attention_matmuls(fp32) == []
+    _, result = _static_result(fp32_path, tmp_path, calib, info)
+    assert result.op_types_to_quantize == [] and "no attention" in result.op_selection
 
 
 # --- accuracy-aware fallback ------------------------------------------------------------------

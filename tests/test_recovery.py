@@ -64,7 +64,8 @@ def judge(hard_path, sets):
     def check(path: Path) -> criterion.Judged:
         return criterion.assess(_predict(path, val_x), _predict(path, pool_x), ref_val, ref_pool,
                                 val.y, max_drop_pp=p.max_accuracy_drop_pp,
-                                significance=p.significance, min_pool_agreement=p.min_pool_agreement)
+                                significance=p.significance, min_pool_agreement=p.min_pool_agreement,
+                                agreement_floor=p.agreement_floor)
     check.pool = (pool_x, ref_pool)
     return check
 
