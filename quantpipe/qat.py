@@ -11,6 +11,7 @@ QLinearConv/QGemm once the graph is written as quantize_static writes QDQ (`as_o
 
 from __future__ import annotations
 
+import contextlib
 import io
 import warnings
 
@@ -421,6 +422,35 @@ def output_step(model: onnx.ModelProto) -> float | None:
     if producer is None or producer.op_type != "DequantizeLinear" or producer.input[1] not in values:
         return None
     return float(values[producer.input[1]].max())
+
+
+@contextlib.contextmanager
+def onnx_rounding(qmodel: torch.fx.GraphModule):
+    """Within: the activation fake-quants of `qmodel` (per tensor, ranges frozen) round
+    x / scale, as ONNX's QuantizeLinear is defined and ONNX Runtime computes it, where torch
+    rounds x * (1 / scale). The two land on opposite sides of a rounding boundary now and then,
+    and a deep network carries each such flip on to its logits; the reference the exported
+    graph is compared with computes what the graph computes (EfficientNet-V2-S at 32 px: max
+    logit difference 2.12 -> 1.67, agreement 98.9% -> 99.0%). Weight fake-quants keep torch's
+    rounding: the exported int8 weights are computed that way (`_store_weights_int8`)."""
+    from torch.ao.quantization import FakeQuantizeBase
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.observer_enabled[0] or not self.fake_quant_enabled[0]:
+            return type(self).forward(self, x)
+        q = torch.clamp(torch.round(x / self.scale) + self.zero_point, self.quant_min, self.quant_max)
+        return (q - self.zero_point) * self.scale
+
+    patched = {id(m): m for n in qmodel.graph.nodes if n.op == "call_module"
+               for m in [qmodel.get_submodule(n.target)]
+               if isinstance(m, FakeQuantizeBase) and m.scale.numel() == 1}
+    for module in patched.values():
+        module.forward = forward.__get__(module)
+    try:
+        yield qmodel
+    finally:
+        for module in patched.values():
+            del module.forward
 
 
 # A graph written faithfully differs from the fake-quant model, given the same inputs, only

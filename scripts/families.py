@@ -17,7 +17,7 @@ printed size, so the table shows both.
     python scripts/families.py                       # -> metrics/families.json + table
     python scripts/families.py --only vit_b_16 mnasnet0_5 -o /tmp/f.json
     python scripts/families.py --resume              # keep rows already in the output file
-    python scripts/families.py --readme              # README's table from metrics/families.json
+    python scripts/readme.py                         # README's table from metrics/families.json
 
 About 2-3 hours on 2 cores for all 21 (the transformers and wide CNNs take longest).
 """
@@ -126,10 +126,18 @@ FAILED_SHORT = (("agreement_floor", "agreement floor"), ("differs from the fake-
                 ("McNemar", "real drop"))
 
 
+# Why a variant was skipped, in a table cell (metrics/families.json has the whole line).
+SKIPPED_SHORT = (("TorchScript exporter cannot write", "skipped: the TorchScript exporter cannot "
+                  "write it as QDQ"), ("torch.fx cannot trace", "skipped: torch.fx cannot trace it"))
+
+
 def _cell(v: dict, *, parity: bool = False) -> str:
     """'acc (agreement) xSPEED', or why there is none; a failed variant says which check."""
     if "accuracy" not in v:
-        return "skipped" if v.get("skipped") else ""
+        reason = v.get("skipped") or ""
+        detail = re.search(r"ONNX export of operator (\w+)", reason)
+        return next((short + (f" ({detail.group(1)})" if detail else "")
+                     for key, short in SKIPPED_SHORT if key in reason), "skipped" if reason else "")
     text = f"{v['accuracy']:.3f} ({v['agreement']:.3f}) x{v['speedup']:.2f}"
     if parity and "parity_agreement" in v:
         text += f", parity {v['parity_agreement']:.3f}"
@@ -140,7 +148,7 @@ def _cell(v: dict, *, parity: bool = False) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    """The README's table (scripts/families.py --markdown prints it from metrics/families.json)."""
+    """The table of rows (README's, written by scripts/readme.py from metrics/families.json)."""
     out = [f"| family | model | px | fp32 acc | static: acc (agreement) x bs{BATCH} | "
            f"qat: acc (agreement) x bs{BATCH}, export parity | dynamic: acc (agreement) x bs{BATCH} | "
            f"`recommended` bs{BATCH} | min |", "|---|---|---|---|---|---|---|---|---|"]
@@ -158,16 +166,6 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-# README.md holds the table between these lines, written by --readme (tests check it is).
-MARKERS = ("<!-- families table: scripts/families.py --readme -->", "<!-- end of families table -->")
-
-
-def with_table(readme: str, table: str) -> str:
-    """README text with the block between MARKERS replaced by `table`."""
-    start, end = readme.index(MARKERS[0]) + len(MARKERS[0]), readme.index(MARKERS[1])
-    return f"{readme[:start]}\n{table}\n{readme[end:]}"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/quantpipe-families"))
@@ -176,16 +174,7 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true", help="keep the rows already in --output")
     parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                         help="more params for every run (e.g. a quantization setting to compare)")
-    parser.add_argument("--readme", action="store_true",
-                        help="only write the table of --output into README.md (between its "
-                             "families-table markers)")
     args = parser.parse_args()
-    if args.readme:
-        readme = ROOT / "README.md"
-        table = markdown(json.loads(args.output.read_text())["rows"])
-        readme.write_text(with_table(readme.read_text(), table))
-        print(table)
-        return
     extra = dict(kv.split("=", 1) for kv in args.set)
     members = [(f, m) for f, m in MEMBERS if not args.only or m in args.only]
     done = json.loads(args.output.read_text())["rows"] if args.resume and args.output.exists() else []

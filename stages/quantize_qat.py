@@ -80,7 +80,8 @@ def main() -> None:
         freeze_bn_after=p.freeze_bn_after, freeze_observers_after=p.freeze_observers_after)
     trained = models.predict_torch(qmodel, x_test)  # the fake-quant model as trained
     qmodel = qat.fold_batch_norms(qmodel)
-    expected = models.predict_torch(qmodel, x_test)  # ... and as exported (BN folded)
+    with qat.onnx_rounding(qmodel):  # ... and as exported: BN folded, x / scale rounded
+        expected = models.predict_torch(qmodel, x_test)
     try:
         proto = qat.export_qdq(qmodel, info.input_shape, params.export.opset, name)
     except qat.Unsupported as e:
@@ -101,7 +102,7 @@ def main() -> None:
     parity = {**compare(got, expected), "output_step": qat.output_step(proto),
               "deployed": {**compare(fused, expected), "level": level.name},
               "batch_one_max_abs_diff": round(onnxutil.max_abs_diff(got_one, fused[:8]), 6),
-              # Folding BatchNorm changes float rounding only.
+              # Folding BatchNorm and rounding x / scale change float rounding only.
               "fold_agreement": compare(expected, trained)["agreement"]}
     metrics = {
         "model": name, "epochs": p.epochs, "lr": p.lr, "per_channel": p.per_channel,

@@ -5,9 +5,10 @@ quantize_static.engine picks who quantizes: ONNX Runtime (quantpipe.quant) or NN
 (quantpipe.criterion: over max_accuracy_drop_pp on the validation split, lopsided flips by
 McNemar's test, and below min_pool_agreement on the train images that did not calibrate; or
 below agreement_floor there, whatever the drop), the engine's fallback runs: ORT's recovery
-ladder, or nncf.quantize_with_accuracy_control. A model still out of the criterion after it is
-written all the same and recorded as `failed` (or `accepted`, with allow_accuracy_drop): the
-report leaves it out of `recommended` and the gates fail after the report is written.
+ladder, or nncf.quantize_with_accuracy_control. A model still out of the criterion after the
+fallback is written all the same and recorded as `failed` (or `accepted`, with
+allow_accuracy_drop): the report leaves it out of `recommended` and the gates fail after the
+report is written.
 """
 
 import logging

@@ -311,3 +311,52 @@ def test_an_average_is_requantized_on_a_range_of_its_own(digits, tmp_path):
             assert "QLinearGlobalAveragePool" in optimized_ops(proto, tmp_path)
         else:  # the pooled values' fake-quant, named
             assert nodes["worst"]["node"] == next(iter(pool.users)).name, nodes
+
+
+def _quantize_linear_in_ort(x: np.ndarray, scale: float, zero_point: int) -> np.ndarray:
+    """QuantizeLinear -> DequantizeLinear (U8) run by ONNX Runtime: what the exported graph does."""
+    from onnx import TensorProto, helper
+
+    inits = [numpy_helper.from_array(np.array(scale, np.float32), "s"),
+             numpy_helper.from_array(np.array(zero_point, np.uint8), "z")]
+    graph = helper.make_graph(
+        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+         helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])], "qdq",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None])], inits)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    return onnxutil.make_session(proto.SerializeToString(), level=NONE).run(None, {"x": x})[0]
+
+
+def test_the_parity_reference_rounds_activations_as_quantize_linear_does(digits):
+    """Where torch's x * (1/scale) and ONNX's x / scale round apart, the reference of the
+    export's parity check (qat.onnx_rounding) gives what ONNX Runtime gives; weights keep
+    torch's rounding (the exported int8 weights are computed that way), and leaving restores
+    torch's own forward."""
+    from torch.ao.quantization import FakeQuantizeBase
+
+    split, x = digits
+    qmodel = finetuned(x, split.y)
+    qmodel = qat.fold_batch_norms(qmodel.eval())
+    fq = next(qmodel.get_submodule(n.target) for n in qmodel.graph.nodes if n.op == "call_module"
+              and isinstance(qmodel.get_submodule(n.target), FakeQuantizeBase))
+    scale, zero_point = np.float32(fq.scale.item()), int(fq.zero_point.item())
+    # Values at and next to the halfway points between codes: some of them round apart.
+    codes = np.arange(-zero_point, 255 - zero_point, dtype=np.float32) + np.float32(0.5)
+    halfway = (codes * scale).astype(np.float32)
+    near = np.concatenate([halfway, np.nextafter(halfway, np.float32(np.inf)),
+                           np.nextafter(halfway, np.float32(-np.inf))])
+    apart = near[np.rint(near * (np.float32(1) / scale)) != np.rint(near / scale)]
+    assert len(apart) > 0  # else this scale shows nothing
+    values = torch.from_numpy(apart)
+    expected = _quantize_linear_in_ort(apart, scale, zero_point)
+    with torch.no_grad():
+        torchs = fq(values).numpy()
+        with qat.onnx_rounding(qmodel):
+            ours = fq(values).numpy()
+            weight = qmodel.get_submodule("conv1").weight_fake_quant
+            assert "forward" not in vars(weight)
+        after = fq(values).numpy()
+    np.testing.assert_array_equal(ours, expected)
+    assert (torchs != expected).all() and (after == torchs).all()
+    assert "forward" not in vars(fq)
