@@ -553,11 +553,12 @@ def test_a_run_keeps_its_result_when_another_command_holds_the_lock_as_its_stage
     """DVC releases its lock while a stage runs and takes it back to record the result; plain
     `dvc repro` gives up after 3 s and loses the result, quantpipe's entry points wait."""
     original = (built / "params.yaml").read_text()
-    # A result neither dvc.lock nor the run cache has yet (one per case).
+    # A result dvc.lock does not have yet (one per case); run, not restored from the run cache
+    # (where an earlier run of this test left it).
     set_params(built, {"train": {"lr": 0.002 if entry else 0.003}})
     try:
         log = tmp_path / "first.log"
-        first = start_run(built, "repro", "train", log=log, entry=entry)
+        first = start_run(built, "repro", "--no-run-cache", "train", log=log, entry=entry)
         stage = wait_until(first, lambda: stage_process(first, "train"), "train running", log)
         holder = subprocess.run([sys.executable, "-c", HOLD_LOCK, str(stage.pid), "6"], cwd=built,
                                 capture_output=True, text=True, timeout=300)
