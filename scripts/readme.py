@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import families  # noqa: E402
 from quantpipe.machine import describe  # noqa: E402
+from quantpipe.report import _table  # noqa: E402  (report.md's table layout)
 
 BLOCK = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end: \2 -->)", re.S)
 
@@ -36,11 +37,6 @@ def _ms(value: float | None) -> str:
 
 def _x(value: float | None) -> str:
     return "—" if value is None else f"x{value:.2f}"
-
-
-def _table(head: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
-            *["| " + " | ".join(r) + " |" for r in rows]]
 
 
 def _sizes(summary: dict) -> list[str]:
