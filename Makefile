@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 # The install is redone only when the pinned requirements change (the stamp names their hash).
 REQ_HASH := $(shell cat requirements.txt constraints.txt | sha256sum | cut -c1-16)
 STAMP := $(VENV)/.quantpipe-deps-$(REQ_HASH)
-# dvc.yaml runs `python stages/...`: the environment's python must come first on PATH.
+# dvc.yaml runs `python -m stages.<name> ...`: the environment's python must come first on PATH.
 export PATH := $(BIN):$(PATH)
 export DVC_NO_ANALYTICS := 1
 REV ?= main
@@ -17,9 +17,14 @@ REV ?= main
 # stops at once while another run's stage is going (quantpipe/dvcrun.py).
 DVC := python -m quantpipe.dvcrun
 
-.PHONY: env repro test test-all test-slow diff diff-all plots clean
+.PHONY: env repro test test-all test-slow docs diff diff-all plots clean
 
+# quantpipe itself is installed editable (the checkout's code is what runs), and again whenever
+# the installed one is another checkout's (several clones sharing one virtualenv). Checked from
+# / so that the working directory's own quantpipe/ does not answer for the installed one.
 env: $(STAMP)
+	@cd / && $(BIN)/python -c "import quantpipe, sys; sys.exit(not quantpipe.__file__.startswith('$(CURDIR)/'))" 2>/dev/null \
+	  || $(BIN)/python -m pip install --disable-pip-version-check -q --no-deps --no-build-isolation -e "$(CURDIR)"
 
 $(STAMP): requirements.txt constraints.txt
 	@test -x $(BIN)/python || python3 -m venv $(VENV)
@@ -43,6 +48,11 @@ test-all: env
 
 test-slow: env
 	python -m pytest -q -m slow tests
+
+# The measured tables of README.md and docs/, rewritten from the committed metrics/*.json
+# (tests/test_docs.py fails while a document and the metrics disagree).
+docs: env
+	python -m quantpipe.docs
 
 # Code review: the summary metrics and the params of the work tree against REV (default
 # main), and whether both were measured on the same kind of machine. `make diff-all` adds

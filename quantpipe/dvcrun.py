@@ -118,4 +118,4 @@ def main(argv: list[str]) -> None:
 if __name__ == "__main__":
     from quantpipe.io import run_stage
 
-    run_stage(lambda: main(sys.argv[1:]))
+    run_stage(main)

@@ -9,7 +9,7 @@ from typing import Callable
 import numpy as np
 import onnxruntime as ort
 
-from quantpipe.bench import run_concurrently
+from quantpipe.concurrency import run_concurrently
 from quantpipe.criterion import compare
 from quantpipe.data import DataInfo
 from quantpipe.onnxutil import parity_limit, run_batched, session_runner

@@ -15,6 +15,7 @@ import signal
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable, Iterator
 
 from quantpipe.errors import UserError
@@ -103,15 +104,32 @@ def skipped_model(path: Path | str) -> str | None:
     return None
 
 
-def variant_argument(argv: list[str]) -> str:
-    """The single variant named on a stage's command line (`python stages/X.py <variant>`)."""
-    if len(argv) != 2 or argv[1] not in VARIANTS:
-        raise UserError(f"usage: python {argv[0]} {{{'|'.join(VARIANTS)}}}")
-    return argv[1]
+def stage_args(stage: str, argv: list[str], *paths: str, variant: bool = False) -> SimpleNamespace:
+    """A stage's command line as dvc.yaml writes it: `python -m stages.<stage> [<variant>]
+    --<name> <path> ...`, every name in `paths` given once. dvc.yaml declares each path as a
+    dep or an out of the stage, and the stage takes it from there: no path is written twice.
+    Returns the paths (as Path) by name, and `variant` when the stage takes one."""
+    usage = (f"usage: python -m stages.{stage}" + (f" {{{'|'.join(VARIANTS)}}}" if variant else "")
+             + "".join(f" --{name} PATH" for name in paths))
+    args, rest = {}, list(argv)
+    if variant:
+        if not rest or rest[0] not in VARIANTS:
+            raise UserError(f"{usage} (the variant is missing or unknown)")
+        args["variant"] = rest.pop(0)
+    while rest:
+        flag = rest.pop(0)
+        name = flag.removeprefix("--").replace("-", "_")
+        if not flag.startswith("--") or name not in paths or name in args or not rest:
+            raise UserError(f"{usage} (got {flag!r})")
+        args[name] = Path(rest.pop(0))
+    missing = [name for name in paths if name not in args]
+    if missing:
+        raise UserError(f"{usage} (--{missing[0]} is missing)")
+    return SimpleNamespace(**args)
 
 
-def run_stage(main: Callable[[], None]) -> None:
-    """Run a stage's main(): a UserError becomes one line on stderr and exit code 2.
+def run_stage(main: Callable[[list[str]], None]) -> None:
+    """Run a stage's main(argv): a UserError becomes one line on stderr and exit code 2.
 
     Set QUANTPIPE_DEBUG=1 to get the full traceback instead.
     """
@@ -119,7 +137,7 @@ def run_stage(main: Callable[[], None]) -> None:
     # behind; as SystemExit the `finally` blocks run (exit code 143, as for a shell).
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        main()
+        main(sys.argv[1:])
     except UserError as e:
         if os.environ.get("QUANTPIPE_DEBUG") == "1":
             raise

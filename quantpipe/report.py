@@ -1,15 +1,16 @@
-"""The summary of all variants (metrics/summary.json, DESIGN.md §2), report.md and the gates."""
+"""The summary of all variants (metrics/summary.json, its keys in docs/results.md), report.md and the
+gates."""
 
 from __future__ import annotations
 
-from quantpipe.bench import describe_profile
+from quantpipe.profiling import describe_profile
 from quantpipe.errors import UserError
 from quantpipe.machine import describe
-from quantpipe.params import RUNTIMES, GatesParams
+from quantpipe.schemas.gates import GatesParams
 
 QUANTIZED = ("dynamic", "static", "qat")
 # Top-level summary keys that are not model rows.
-RECORDS = ("machine", "skipped", "recommended")
+RECORDS = ("machine", "runtimes", "skipped", "recommended")
 # Below this FP32 latency (ms) per-run overhead, not arithmetic, decides INT8 vs FP32.
 TINY_MODEL_MS = 0.05
 
@@ -59,6 +60,10 @@ def build_summary(evals: dict[str, dict], benches: dict[str, dict],
         summary["torch"] = {"accuracy": torch_bench["accuracy"], "size_bytes": torch_bench["size_bytes"],
                             **_latency(torch_bench["latency"], threads, with_speedup=True)}
     summary["machine"] = machine
+    # The engines by name and title, the reference (the one the keys above are of) first.
+    engines = {name: e for b in benches.values() if "runtimes" in b for name, e in b["runtimes"].items()}
+    summary["runtimes"] = {name: e["title"] for name, e in
+                           sorted(engines.items(), key=lambda item: not item[1].get("reference"))}
     if skipped:
         summary["skipped"] = skipped
     return summary
@@ -115,8 +120,11 @@ def _latency(rows_by_threads: dict[str, dict], threads: list[int], with_speedup:
         rows = rows_by_threads[f"threads{count}"]  # {"bs1": {...}, ...}
         entry = {"latency_p50_ms": {bs: r["p50_ms"] for bs, r in rows.items()}}
         if with_speedup:
-            # Measured against FP32 in the same interleaved rounds (see stages/bench.py).
+            # Measured against FP32 in the same interleaved rounds (see stages/bench.py):
+            # speedup = fp32_p50_ms / latency_p50_ms, FP32's median from those rounds, which
+            # differs from FP32's own bench by the machine's drift between the two runs.
             entry["speedup"] = {bs: r["speedup"] for bs, r in rows.items()}
+            entry["fp32_p50_ms"] = {bs: r["baseline_p50_ms"] for bs, r in rows.items()}
         by_threads[f"threads{count}"] = entry
     return {**by_threads[f"threads{threads[0]}"], "by_threads": by_threads}
 
@@ -312,7 +320,7 @@ def render_markdown(summary: dict, notes: list[str], profiles: dict[str, dict] |
             *_threads_table(rows, threads, sizes)]
     onnx_rows = {v: s for v, s in rows.items() if "throughput_ips" in s}  # not torch
     text += ["", *_throughput_section(onnx_rows, machine)]
-    text += ["", *_engines_section(onnx_rows, sizes, threads[0])]
+    text += ["", *_engines_section(onnx_rows, sizes, threads[0], summary["runtimes"])]
     text += ["", *_memory_section(onnx_rows, sizes, threads[0])]
     if profiles:
         # Where the time goes, from one ORT profile per variant (metrics/bench/<variant>.json).
@@ -327,8 +335,9 @@ def _recommendation(summary: dict, notes: list[str]) -> list[str]:
     """The first lines: what to ship per batch size, then every note on INT8 that does not pay
     (or gains less than it could) with its evidence."""
     lines = []
+    titles = summary["runtimes"]
     for bs, r in summary.get("recommended", {}).items():
-        where = f"{RUNTIMES[r['runtime']]}, {r['threads']} thread{'s' * (r['threads'] != 1)}"
+        where = f"{titles[r['runtime']]}, {r['threads']} thread{'s' * (r['threads'] != 1)}"
         gain = f", x{r['speedup']:.2f} the best FP32" if "speedup" in r else ""
         lines.append(f"- **{bs}: ship `{r['variant']}`** ({where}, {r['p50_ms']:.3f} ms{gain}): "
                      f"{r['why']}.")
@@ -420,62 +429,65 @@ def _throughput_section(rows: dict[str, dict], machine: dict) -> list[str]:
             "metrics/bench/<variant>.json, `throughput`)."]
 
 
-def _engines_section(rows: dict[str, dict], sizes: list[str], threads: int) -> list[str]:
-    """The same files on every engine (bench.runtimes), then a line per variant naming the
-    fastest engine and setting at batch 1 (the smallest batch) and the largest batch, and a line
-    per engine left out of "best"."""
+def _engines_section(rows: dict[str, dict], sizes: list[str], threads: int,
+                     titles: dict[str, str]) -> list[str]:
+    """The same files on every engine (bench.runtimes; titles: name -> title, the reference
+    first), then a line per variant naming the fastest engine and setting at batch 1 (the
+    smallest batch) and the largest batch, and a line per engine left out of "best"."""
     largest = sizes[-1]
-    head = (["variant", "engine", "agreement with ONNX Runtime", "max logit diff"]
-            + [f"p50 {k} (ms)" for k in sizes] + [f"vs FP32 on ONNX Runtime, {largest}",
+    reference = next(iter(titles))
+    ref_title = titles[reference]
+    head = (["variant", "engine", f"agreement with {ref_title}", "max logit diff"]
+            + [f"p50 {k} (ms)" for k in sizes] + [f"vs FP32 on {ref_title}, {largest}",
                                                    "throughput (images/s)", "trusted"])
     body, fastest, left_out = [], [], []
     for variant, s in rows.items():
-        engines = {"onnxruntime": {"latency_p50_ms": s["latency_p50_ms"],
-                                   "speedup": s.get("speedup", {largest: 1.0}),
-                                   "throughput_ips": s["throughput_ips"]},
+        engines = {reference: {"latency_p50_ms": s["latency_p50_ms"],
+                               "speedup": s.get("speedup", {largest: 1.0}),
+                               "throughput_ips": s["throughput_ips"]},
                    **s["runtimes"]}
         for name, e in engines.items():
             parity = e.get("parity", {})
-            trusted = "no" if "failed" in e else ("reference" if name == "onnxruntime" else "yes")
-            body.append([variant, RUNTIMES[name], _fmt(parity.get("agreement"), ".2%"),
+            trusted = "no" if "failed" in e else ("reference" if name == reference else "yes")
+            body.append([variant, titles[name], _fmt(parity.get("agreement"), ".2%"),
                          _fmt(parity.get("max_abs_diff"), ".3g")]
                         + [_fmt(e.get("latency_p50_ms", {}).get(k), ".3f") for k in sizes]
                         + [_fmt(e.get("speedup", {}).get(largest), ".2f", prefix="x"),
                            _fmt(e.get("throughput_ips"), ",.0f"), trusted])
             if "failed" in e:
-                left_out.append(f"{RUNTIMES[name]} is left out of {variant}'s best: {e['failed']}.")
-        fastest.append(_fastest_line(variant, s["best"], sizes))
+                left_out.append(f"{titles[name]} is left out of {variant}'s best: {e['failed']}.")
+        fastest.append(_fastest_line(variant, s["best"], sizes, titles))
     return [f"## Engines: the same files on each runtime ({threads} thread(s))", "",
             *_table(head, body), "",
-            "Another engine is trusted when its top-1 class agrees with ONNX Runtime's on the test "
-            "split (bench.min_runtime_agreement); speedups are against FP32 on ONNX Runtime in "
+            f"Another engine is trusted when its top-1 class agrees with {ref_title}'s on the test "
+            f"split (bench.min_runtime_agreement); speedups are against FP32 on {ref_title} in "
             "the same interleaved rounds. Fastest trusted engine and setting, against the fastest "
             "FP32 one (every thread count and stream configuration benched):", "",
             *[f"- {line}" for line in fastest + left_out]]
 
 
-def _fastest_line(variant: str, best: dict, sizes: list[str]) -> str:
+def _fastest_line(variant: str, best: dict, sizes: list[str], titles: dict[str, str]) -> str:
     parts = []
     for bs in dict.fromkeys((sizes[0], sizes[-1])):
         b = best["latency"][bs]
-        part = f"at {bs} {_setting(b)}, {b['p50_ms']:.3f} ms"
+        part = f"at {bs} {_setting(b, titles)}, {b['p50_ms']:.3f} ms"
         if "baseline" in b:
             base = b["baseline"]
-            part += f" (x{b['speedup']:.2f} the best FP32: {_setting(base)}, {base['p50_ms']:.3f} ms)"
+            part += f" (x{b['speedup']:.2f} the best FP32: {_setting(base, titles)}, {base['p50_ms']:.3f} ms)"
         parts.append(part)
     t = best.get("throughput")
     if t:
-        part = f"throughput {_setting(t)}, {t['ips']:,.0f} images/s"
+        part = f"throughput {_setting(t, titles)}, {t['ips']:,.0f} images/s"
         if "baseline" in t:
             base = t["baseline"]
-            part += f" (x{t['speedup']:.2f} the best FP32: {_setting(base)}, {base['ips']:,.0f})"
+            part += f" (x{t['speedup']:.2f} the best FP32: {_setting(base, titles)}, {base['ips']:,.0f})"
         parts.append(part)
     return f"**{variant}**: " + "; ".join(parts) + "."
 
 
-def _setting(best: dict) -> str:
+def _setting(best: dict, titles: dict[str, str]) -> str:
     """'OpenVINO, 2 threads' or 'OpenVINO, 1 stream x 2 threads'."""
-    engine = RUNTIMES[best["runtime"]]
+    engine = titles[best["runtime"]]
     if "streams" in best:
         return f"{engine}, {_config(best)}"
     return f"{engine}, {best['threads']} thread{'s' * (best['threads'] != 1)}"

@@ -21,27 +21,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from quantpipe.docs import engines_table
+from quantpipe.io import write_json
+from quantpipe.studies import HARD_CHANNEL, HARD_SCALE, colour_folder, dvc, repro, set_params
 
-from quantpipe import dvcrun  # noqa: E402
-from quantpipe.io import write_json  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 FOLDER = "inputs/colour_digits"
 HARD = "inputs/ptq_hard.onnx"
-# Outlier channel of the PTQ-hard case: scale and channel of the first conv (see
-# quantpipe.onnxutil.with_outlier_channel); plain ORT PTQ loses ~19 pp on it.
-HARD_SCALE, HARD_CHANNEL = 300.0, 5
 RGB = {"prepare": {"source": "imagefolder", "path": FOLDER, "image_size": 32, "channels": 3}}
 CASES = {
     "default": {},
@@ -52,55 +46,6 @@ CASES = {
     "ptq_hard": {"train": {"model": f"onnx:{HARD}"}},
 }
 ENGINES = ("onnxruntime", "nncf")
-
-
-def merge(base: dict, changes: dict) -> dict:
-    out = dict(base)
-    for key, value in changes.items():
-        out[key] = merge(out.get(key, {}), value) if isinstance(value, dict) else value
-    return out
-
-
-def set_params(repo: Path, changes: dict) -> None:
-    path = repo / "params.yaml"
-    path.write_text(yaml.safe_dump(merge(yaml.safe_load(path.read_text()), changes), sort_keys=False))
-
-
-def colour_folder(root: Path, n: int = 5000, size: int = 32, seed: int = 0) -> None:
-    """n RGB PNGs in root/<digit>/: MNIST digits in a random colour on a random background."""
-    from PIL import Image
-
-    from quantpipe import data
-
-    split = data.load_mnist5k()
-    rng = np.random.default_rng(seed)
-    idx = rng.permutation(len(split.y))[:n]
-    for k, i in enumerate(idx):
-        ink = split.x[i, 0].astype(np.float32)[..., None] / 255  # (28, 28, 1)
-        fg, bg = rng.integers(0, 256, 3), rng.integers(0, 256, 3)
-        while np.abs(fg - bg).sum() < 200:  # keep the digit visible
-            fg = rng.integers(0, 256, 3)
-        rgb = (ink * fg + (1 - ink) * bg + rng.normal(0, 8, (28, 28, 3))).clip(0, 255)
-        folder = root / str(int(split.y[i]))
-        folder.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(rgb.astype(np.uint8)).resize((size, size), Image.BILINEAR).save(folder / f"{k}.png")
-
-
-def dvc(repo: Path, log: Path, *args: str) -> None:
-    """`dvc <args>` in repo with this interpreter's environment, output appended to log."""
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-           "DVC_NO_ANALYTICS": "1"}
-    with log.open("a") as out:
-        done = subprocess.run(dvcrun.command(list(args)), cwd=repo, stdout=out,
-                              stderr=subprocess.STDOUT, env=env)
-    if done.returncode:
-        raise SystemExit(f"dvc {' '.join(args)} failed in {repo}; see {log}")
-
-
-def repro(repo: Path, log: Path) -> float:
-    start = time.perf_counter()
-    dvc(repo, log, "repro")
-    return time.perf_counter() - start
 
 
 def row(repo: Path, case: str, engine: str, fallback: bool) -> dict:
@@ -120,21 +65,6 @@ def row(repo: Path, case: str, engine: str, fallback: bool) -> dict:
         "batch": big, "speedup": static["speedup"][big], "speedup_1thread": one.get(big),
         "quantize_seconds": q["seconds"], "cpu": summary.get("machine", {}).get("cpu"),
     }
-
-
-def markdown(rows: list[dict]) -> str:
-    lines = ["| case | engine | fallback | test acc | drop pp | agreement | flips (lost/won) | "
-             "nodes in float | static speedup (all cores / 1 thread) | seconds |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        one = f"{r['speedup_1thread']:.2f}" if r["speedup_1thread"] else "-"
-        lines.append(
-            f"| {r['case']} | {r['engine']} | {'yes' if r['fallback'] else 'no'} | "
-            f"{r['accuracy']:.4f} | {r['drop_pp']:.2f} | {r['agreement']:.4f} | "
-            f"{r['fp32_right_int8_wrong']}/{r['int8_right_fp32_wrong']} of {r['test_samples']} | "
-            f"{r['nodes_in_float']} | x{r['speedup']:.2f} / x{one} ({r['batch']}) | "
-            f"{r['quantize_seconds']:.1f} |")
-    return "\n".join(lines)
 
 
 def run_case(case: str, workdir: Path, steps: int, done: dict[str, Path]) -> list[dict]:
@@ -187,7 +117,7 @@ def main() -> None:
     for case in cases:
         rows += run_case(case, args.workdir, steps, done)
         write_json(args.output, rows)
-    print(markdown(rows))
+    print(engines_table(rows))
 
 
 if __name__ == "__main__":

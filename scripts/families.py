@@ -17,7 +17,7 @@ printed size, so the table shows both.
     python scripts/families.py                       # -> metrics/families.json + table
     python scripts/families.py --only vit_b_16 mnasnet0_5 -o /tmp/f.json
     python scripts/families.py --resume              # keep rows already in the output file
-    python scripts/readme.py                         # README's table from metrics/families.json
+    make docs                                        # docs/families.md table from metrics/families.json
 
 About 2-3 hours on 2 cores for all 21 (the transformers and wide CNNs take longest).
 """
@@ -29,19 +29,17 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+from quantpipe import report
+from quantpipe.docs import families_table
+from quantpipe.io import write_json
+from quantpipe.schemas.all import load_params
+from quantpipe.studies import dvc
+from quantpipe.sweep import error_line
 
-from engines import dvc  # noqa: E402
-from quantpipe import report  # noqa: E402
-from quantpipe.io import write_json  # noqa: E402
-from quantpipe.params import load_params  # noqa: E402
-from quantpipe.sweep import error_line  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 # (family, member): the issue's ten models, and one member of each family it did not try.
 MEMBERS = [
@@ -121,51 +119,6 @@ def row(repo: Path, family: str, model: str, size: int, seconds: float) -> dict:
         "seconds": round(seconds, 1), "cpu": summary["machine"].get("cpu")}
 
 
-# Why a variant failed, in a table cell: the rule, not the whole message.
-FAILED_SHORT = (("agreement_floor", "agreement floor"), ("differs from the fake-quant", "export parity"),
-                ("McNemar", "real drop"))
-
-
-# Why a variant was skipped, in a table cell (metrics/families.json has the whole line).
-SKIPPED_SHORT = (("TorchScript exporter cannot write", "skipped: the TorchScript exporter cannot "
-                  "write it as QDQ"), ("torch.fx cannot trace", "skipped: torch.fx cannot trace it"))
-
-
-def _cell(v: dict, *, parity: bool = False) -> str:
-    """'acc (agreement) xSPEED', or why there is none; a failed variant says which check."""
-    if "accuracy" not in v:
-        reason = v.get("skipped") or ""
-        detail = re.search(r"ONNX export of operator (\w+)", reason)
-        return next((short + (f" ({detail.group(1)})" if detail else "")
-                     for key, short in SKIPPED_SHORT if key in reason), "skipped" if reason else "")
-    text = f"{v['accuracy']:.3f} ({v['agreement']:.3f}) x{v['speedup']:.2f}"
-    if parity and "parity_agreement" in v:
-        text += f", parity {v['parity_agreement']:.3f}"
-    if "failed" in v:
-        rule = next((short for key, short in FAILED_SHORT if key in v["failed"]), "check")
-        text += f" **failed: {rule}**"
-    return text
-
-
-def markdown(rows: list[dict]) -> str:
-    """The table of rows (README's, written by scripts/readme.py from metrics/families.json)."""
-    out = [f"| family | model | px | fp32 acc | static: acc (agreement) x bs{BATCH} | "
-           f"qat: acc (agreement) x bs{BATCH}, export parity | dynamic: acc (agreement) x bs{BATCH} | "
-           f"`recommended` bs{BATCH} | min |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        if r["result"] != "ok":
-            out.append(f"| {r['family']} | {r['model']} | {r['image_size']} | {r['result']} "
-                       f"| | | | | {r['seconds'] / 60:.1f} |")
-            continue
-        rec = r["recommended"]
-        engine = {"onnxruntime": "ORT", "openvino": "OpenVINO"}.get(rec["runtime"], rec["runtime"])
-        where = "" if rec["variant"] == "fp32" else f", {engine} x{rec['speedup']:.2f}"
-        out.append(f"| {r['family']} | {r['model']} | {r['image_size']} | {r['fp32_accuracy']:.3f} | "
-                   f"{_cell(r['static'])} | {_cell(r['qat'], parity=True)} | {_cell(r['dynamic'])} | "
-                   f"{rec['variant']}{where} | {r['seconds'] / 60:.1f} |")
-    return "\n".join(out)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/quantpipe-families"))
@@ -197,12 +150,12 @@ def main() -> None:
                 "result": error.removeprefix("error: "), "seconds": round(seconds, 1)}
             rows = sorted([*rows, latest], key=lambda r: order[r["model"]])  # stable
             write_json(args.output, {"settings": {**SETTINGS, **extra}, "rows": rows})
-            print(markdown([latest]).splitlines()[-1], flush=True)
+            print(families_table({"settings": SETTINGS, "rows": [latest]}).splitlines()[-1], flush=True)
             # The line names the size that works: run again at it, once.
             if not fix or int(fix.group(1)) == size:
                 break
             size = int(fix.group(1))
-    print(markdown(rows))
+    print(families_table({"settings": SETTINGS, "rows": rows}))
 
 
 if __name__ == "__main__":

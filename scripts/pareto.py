@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     fmt = args.format or ("json" if args.output and args.output.endswith(".json") else "csv")
     body = json.dumps(rows, indent=2) + "\n" if fmt == "json" else to_csv(rows)
     if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)  # e.g. plots/ in a fresh clone
         Path(args.output).write_text(body)
         front = sum(row["pareto"] for row in rows)
         print(f"pareto.py: wrote {len(rows)} rows ({front} on the Pareto front) to {args.output}",

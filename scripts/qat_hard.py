@@ -26,17 +26,15 @@ import argparse
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+from quantpipe.docs import qat_hard_table
+from quantpipe.io import write_json
+from quantpipe.studies import HARD_CHANNEL, HARD_SCALE, dvc, repro, set_params
 
-from engines import HARD_CHANNEL, HARD_SCALE, dvc, repro, set_params  # noqa: E402
-from quantpipe.io import write_json  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 MODEL = "models/model.pt"
 
@@ -83,20 +81,6 @@ def rows(repo: Path, ladder: bool) -> list[dict]:
     return out
 
 
-def markdown(table: list[dict]) -> str:
-    lines = ["| variant | how | test acc | drop pp | flips (lost/won) | nodes in float | "
-             "speedup (all cores / 1 thread) | seconds |", "|---|---|---|---|---|---|---|---|"]
-    for r in table:
-        how = ("QAT, params.yaml settings" if r["variant"] == "qat" else
-               "PTQ + recovery ladder" if r["ladder"] else "PTQ, plain")
-        lines.append(
-            f"| {r['variant']} | {how} | {r['accuracy']:.4f} | {r['drop_pp']:.2f} | "
-            f"{r['fp32_right_int8_wrong']}/{r['int8_right_fp32_wrong']} of {r['test_samples']} | "
-            f"{r['nodes_in_float']} | x{r['speedup']:.2f} / x{r['speedup_1thread']:.2f} "
-            f"({r['batch']}) | {r['seconds']:.1f} |")
-    return "\n".join(lines)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/quantpipe-qat-hard"))
@@ -126,7 +110,7 @@ def main() -> None:
     record = {"twin_max_logit_diff": diff, "scale": HARD_SCALE, "channel": HARD_CHANNEL,
               "rows": table}
     write_json(args.output, record)
-    print(markdown(table))
+    print(qat_hard_table(record))
 
 
 if __name__ == "__main__":

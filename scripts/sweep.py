@@ -35,13 +35,12 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from quantpipe import dvcrun, sweep
+from quantpipe.errors import UserError
+from quantpipe.io import write_json
+from quantpipe.report import QUANTIZED
 
-from quantpipe import dvcrun, sweep  # noqa: E402
-from quantpipe.errors import UserError  # noqa: E402
-from quantpipe.io import write_json  # noqa: E402
-from quantpipe.report import QUANTIZED  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def client_for(scheduler: str | None, workers: int):

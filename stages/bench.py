@@ -14,59 +14,60 @@ the machine recorded in metrics/machine.json.
 - One ORT profile at the largest batch: where the time goes (per node and op).
 """
 
-import sys
 import tempfile
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from quantpipe import bench, data, onnxutil, params, profiling
+from quantpipe import machine as machines
+from quantpipe.errors import UserError
+from quantpipe.io import run_stage, skipped_model, stage_args, write_json
+from quantpipe.runtimes import base, registry, timing
+from quantpipe.schemas.bench import BenchParams
+from quantpipe.schemas.runtime import RuntimeParams
 
-from quantpipe import bench, data, onnxutil, runtimes  # noqa: E402
-from quantpipe import machine as machines  # noqa: E402
-from quantpipe.io import run_stage, skipped_model, variant_argument, write_json  # noqa: E402
-from quantpipe.params import load_params  # noqa: E402
-from quantpipe.runtimes import timing  # noqa: E402
-
-PREPARED = Path("data/prepared")
 PROFILE_RUNS = 20  # profiled runs at the largest batch: enough for a stable per-node median
 
 
-def main() -> None:
-    variant = variant_argument(sys.argv)
-    params = load_params()
-    p, level = params.bench, params.runtime.graph_optimization_level
-    machine = machines.load()
+def main(argv: list[str]) -> None:
+    args = stage_args("bench", argv, "model", "fp32", "data", "machine", "metrics", variant=True)
+    variant = args.variant
+    p = params.load(BenchParams)
+    level = params.load(RuntimeParams).graph_optimization_level
+    try:
+        engines = registry.select(p.runtimes, level=level)
+    except UserError as e:
+        raise UserError(f"{params.PARAMS_FILE}: {e}") from None
+    machine = machines.load(args.machine)
     threads = bench.resolve_threads(p.threads, machine["cores"])
-    info = data.load_info(PREPARED)
-    test = data.load_split(PREPARED, "test")
+    info = data.load_info(args.data)
+    test = data.load_split(args.data, "test")
     x = data.normalize(test.x, info)
-    models = {name: Path(f"models/{name}.onnx") for name in dict.fromkeys((variant, "fp32"))}
+    models = {variant: args.model, "fp32": args.fp32}
     skipped = skipped_model(models[variant])
     if skipped:
-        write_json(f"metrics/bench/{variant}.json", {"variant": variant, "skipped": skipped})
+        write_json(args.metrics, {"variant": variant, "skipped": skipped})
         print(f"bench {variant}: skipped, {skipped}")
         return
 
     for path in models.values():  # a bad model fails in one line, before the progress bar
         onnxutil.check_input_matches(onnxutil.make_session(path, level=level), info.input_shape,
                                      str(path))
-    engines = {name: runtimes.get(name, level=level) for name in p.runtimes}
-    checks = {model: runtimes.check(engines, path, x, test.y, threads=threads[0],
-                                    batch_size=max(p.batch_sizes),
-                                    min_agreement=p.min_runtime_agreement)
+    checks = {model: base.check(engines, registry.REFERENCE, path, x, test.y, threads=threads[0],
+                                batch_size=max(p.batch_sizes), min_agreement=p.min_runtime_agreement)
               for model, path in models.items()}
 
     print(f"bench {variant}: on {machines.describe(machine)}; engines: "
           + ", ".join(f"{name} {engine.version()}" for name, engine in engines.items()))
-    timings = timing.time_engines(engines, models, checks, variant, x, threads, machine["cores"], p)
+    timings = timing.time_engines(engines, registry.REFERENCE, models, checks, variant, x, threads,
+                                  machine["cores"], p)
     memory = bench.memory_profile(models[variant], info.input_shape, p.batch_sizes,
                                   threads=threads[0], level_name=level.name)
     # Profiling slows every run a little, so it is a separate session after the timed rounds.
     with tempfile.TemporaryDirectory() as tmp:
         profiled = onnxutil.make_session(models[variant], level=level, threads=threads[0],
                                          profile_prefix=f"{tmp}/ort")
-        profile = bench.kernel_profile(profiled, bench.batch_of(x, max(p.batch_sizes)),
+        profile = profiling.kernel_profile(profiled, bench.batch_of(x, max(p.batch_sizes)),
                                        runs=PROFILE_RUNS)
-    write_json(f"metrics/bench/{variant}.json", {
+    write_json(args.metrics, {
         "variant": variant, "graph_optimization_level": level.name, "machine": machine,
         "threads": list(threads), **timings, "memory": memory,
         "kernel_profile": {"threads": threads[0], **profile}})
@@ -75,7 +76,7 @@ def main() -> None:
         print(f"bench {variant}: {line}")
     print(f"bench {variant}: fresh process: load {memory['load_ms']:.1f} ms, peak RSS "
           + ", ".join(f"{bs} {mb:.0f} MB" for bs, mb in memory["peak_rss_mb"].items()))
-    print(f"bench {variant}: kernel time at bs{profile['batch_size']}: {bench.describe_profile(profile)}")
+    print(f"bench {variant}: kernel time at bs{profile['batch_size']}: {profiling.describe_profile(profile)}")
 
 if __name__ == "__main__":
     run_stage(main)

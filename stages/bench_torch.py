@@ -1,53 +1,48 @@
 """bench_torch: the PyTorch eager baseline — test accuracy and latency of models/model.pt,
 timed in the same interleaved rounds as models/fp32.onnx (the practitioner's table starts here)."""
 
-import sys
-from pathlib import Path
+import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import torch  # noqa: E402
-
-from quantpipe import bench, data, models, onnxutil  # noqa: E402
-from quantpipe import machine as machines  # noqa: E402
-from quantpipe.io import run_stage, write_json  # noqa: E402
-from quantpipe.params import load_params  # noqa: E402
-
-PREPARED = Path("data/prepared")
-MODEL = Path("models/model.pt")
-FP32 = Path("models/fp32.onnx")
+from quantpipe import bench, data, models, onnxutil, params
+from quantpipe import machine as machines
+from quantpipe.io import run_stage, stage_args, write_json
+from quantpipe.schemas.bench import BenchParams
+from quantpipe.schemas.runtime import RuntimeParams
+from quantpipe.schemas.train import TrainParams
 
 
-def main() -> None:
-    params = load_params()
-    p, level = params.bench, params.runtime.graph_optimization_level
-    if models.onnx_source(params.train.model):
-        write_json("metrics/bench/torch.json", {
-            "variant": "torch", "skipped": f"no PyTorch model: train.model is {params.train.model}"})
+def main(argv: list[str]) -> None:
+    args = stage_args("bench_torch", argv, "model", "fp32", "data", "machine", "metrics")
+    p, name = params.load(BenchParams), params.load(TrainParams).model
+    level = params.load(RuntimeParams).graph_optimization_level
+    if models.onnx_source(name):
+        write_json(args.metrics, {
+            "variant": "torch", "skipped": f"no PyTorch model: train.model is {name}"})
         print("bench torch: skipped, the model was brought as ONNX")
         return
-    machine = machines.load()
+    machine = machines.load(args.machine)
     threads = bench.resolve_threads(p.threads, machine["cores"])
-    info = data.load_info(PREPARED)
-    test = data.load_split(PREPARED, "test")
+    info = data.load_info(args.data)
+    test = data.load_split(args.data, "test")
     x = data.normalize(test.x, info)
-    model = models.build_model(params.train.model, info.channels, info.image_size, info.num_classes)
-    models.load_weights(model, MODEL)
+    model = models.build_model(name, info.channels, info.image_size, info.num_classes)
+    models.load_weights(model, args.model)
     accuracy = float((models.predict_torch(model, x).argmax(1) == test.y).mean())
 
     # A bad FP32 model fails in one line, before the progress bar.
-    onnxutil.check_input_matches(onnxutil.make_session(FP32, level=level), info.input_shape, str(FP32))
+    onnxutil.check_input_matches(onnxutil.make_session(args.fp32, level=level), info.input_shape,
+                                 str(args.fp32))
 
     def runners_for(count: int) -> dict[str, bench.Runner]:
         torch.set_num_threads(count)
-        session = onnxutil.make_session(FP32, level=level, threads=count, stop_spinning=True)
+        session = onnxutil.make_session(args.fp32, level=level, threads=count, stop_spinning=True)
         return {"torch": lambda b: model(torch.from_numpy(b)), "fp32": onnxutil.session_runner(session)}
 
     # "speedup" has the same meaning as for the INT8 variants: FP32 ONNX time / torch time.
     with torch.inference_mode():
         results = bench.latency_table(runners_for, "torch", x, threads, p, desc="bench torch")
-    write_json("metrics/bench/torch.json", {
-        "variant": "torch", "accuracy": round(accuracy, 6), "size_bytes": MODEL.stat().st_size,
+    write_json(args.metrics, {
+        "variant": "torch", "accuracy": round(accuracy, 6), "size_bytes": args.model.stat().st_size,
         "torch": torch.__version__, "machine": machine, "threads": list(threads),
         "latency": results})
     for count, rows in results.items():

@@ -1,35 +1,31 @@
 """evaluate <variant>: accuracy of models/<variant>.onnx on the test split, agreement and logit
 error vs FP32, per-class accuracy, a confusion matrix, graph facts and edge-input checks."""
 
-import sys
-from pathlib import Path
+from quantpipe import criterion, data, evaluate, onnxutil, params
+from quantpipe import machine as machines
+from quantpipe.errors import UserError
+from quantpipe.io import run_stage, skipped_model, stage_args, write_json
+from quantpipe.schemas.evaluate import EvaluateParams
+from quantpipe.schemas.runtime import RuntimeParams
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from quantpipe import criterion, data, evaluate, onnxutil  # noqa: E402
-from quantpipe import machine as machines  # noqa: E402
-from quantpipe.errors import UserError  # noqa: E402
-from quantpipe.io import run_stage, skipped_model, variant_argument, write_json  # noqa: E402
-from quantpipe.params import load_params  # noqa: E402
-
-PREPARED = Path("data/prepared")
 ODD_BATCH = 7
 
 
-def main() -> None:
-    variant = variant_argument(sys.argv)
-    params = load_params()
-    p, level = params.evaluate, params.runtime.graph_optimization_level
-    path, fp32_path = Path(f"models/{variant}.onnx"), Path("models/fp32.onnx")
+def main(argv: list[str]) -> None:
+    args = stage_args("evaluate", argv, "model", "fp32", "data", "machine", "metrics", "confusion",
+                      variant=True)
+    variant, path, fp32_path = args.variant, args.model, args.fp32
+    p = params.load(EvaluateParams)
+    level = params.load(RuntimeParams).graph_optimization_level
     skipped = skipped_model(path)
     if skipped:
-        write_json(f"metrics/eval/{variant}.json", {"variant": variant, "skipped": skipped})
-        write_json(f"metrics/plots/confusion_{variant}.json", [])
+        write_json(args.metrics, {"variant": variant, "skipped": skipped})
+        write_json(args.confusion, [])
         print(f"evaluate {variant}: skipped, {skipped}")
         return
     model = onnxutil.load_model(path)
-    info = data.load_info(PREPARED)
-    test = data.load_split(PREPARED, "test")
+    info = data.load_info(args.data)
+    test = data.load_split(args.data, "test")
     x = data.normalize(test.x, info)  # (N, C, S, S) float32
 
     session = onnxutil.make_session(path, level=level)
@@ -42,7 +38,7 @@ def main() -> None:
     # fp32 and static must match their sequential outputs bit for bit; dynamic is held to its
     # batch tolerance (its activation scales are computed at run time).
     checks = evaluate.edge_checks(session, info, x, odd_batch=ODD_BATCH, large_batch=p.batch_size,
-                                  atol=atol, callers=2 * machines.load()["cores"],
+                                  atol=atol, callers=2 * machines.load(args.machine)["cores"],
                                   concurrency_atol=atol if variant == "dynamic" else 0.0)
     # Fail before writing: metrics of a model that fails a check (NaN logits, say) must not
     # replace the last good ones.
@@ -51,7 +47,7 @@ def main() -> None:
         others = f" (also failed: {', '.join(c.name for c in failed[1:])})" if failed[1:] else ""
         raise UserError(f"{path}: edge check {failed[0].name} failed: {failed[0].detail}{others}")
     # Agreement on a larger pool that needs no labels: train images, evenly spaced.
-    train_x = data.load_split(PREPARED, "train").x
+    train_x = data.load_split(args.data, "train").x
     pool_x = data.normalize(train_x[criterion.pool_indices(len(train_x))], info)
     pool_pred = onnxutil.run_batched(session, pool_x, p.batch_size).argmax(1)
     pool_ref = pool_pred if variant == "fp32" else \
@@ -63,8 +59,8 @@ def main() -> None:
         "size_bytes": path.stat().st_size, "ops": onnxutil.op_counts(model),
         "graph_optimization_level": level.name,
         "edge_checks": {c.name: {"ok": c.ok, "detail": c.detail} for c in checks}}
-    write_json(f"metrics/eval/{variant}.json", metrics)
-    write_json(f"metrics/plots/confusion_{variant}.json",
+    write_json(args.metrics, metrics)
+    write_json(args.confusion,
                evaluate.confusion_rows(test.y, logits.argmax(1)))
     print(f"evaluate {variant}: accuracy {metrics['accuracy']:.4f}, agreement with fp32 "
           f"{metrics['agreement']:.4f} (flips {metrics['fp32_right_int8_wrong']} lost, "

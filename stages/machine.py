@@ -6,18 +6,14 @@ it comes out byte-identical, so nothing downstream re-runs; on another machine t
 measure (evaluate, bench, bench_torch, report) depend on a changed file and are re-measured.
 """
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from quantpipe import machine  # noqa: E402
-from quantpipe.io import run_stage, write_json  # noqa: E402
+from quantpipe import machine
+from quantpipe.io import run_stage, stage_args, write_json
 
 
-def main() -> None:
+def main(argv: list[str]) -> None:
+    args = stage_args("machine", argv, "out")
     info = machine.probe()
-    write_json(machine.MACHINE_FILE, info)
+    write_json(args.out, info)
     print(f"machine: {machine.describe(info)}")
 
 

@@ -2,7 +2,7 @@
 
 The fourth variant, for when post-training quantization loses too much: the trained model is
 fine-tuned for quantize_qat.epochs with U8/S8 fake quantization whose ranges start from
-data/calibration, its BatchNorm folded, and exported as QDQ (quantpipe.qat). The exported model
+data/calibration, its BatchNorm folded, and exported as QDQ (quantpipe.engines.qat). The exported model
 must agree with the fake-quant PyTorch model on the test split; when it does not, it is written
 all the same and recorded as `failed` (the report leaves it out of `recommended`). A model
 brought as ONNX has no PyTorch weights to fine-tune: then, with quantize_qat.enabled: false, or
@@ -12,25 +12,21 @@ the metrics say why (evaluate@qat, bench@qat and report follow suit).
 
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
+from onnxruntime import GraphOptimizationLevel
 
-import torch  # noqa: E402
-from onnxruntime import GraphOptimizationLevel  # noqa: E402
+from quantpipe import data, models, onnxutil, params
+from quantpipe.engines import qat
+from quantpipe.io import run_stage, stage_args, write_bytes, write_json
+from quantpipe.schemas.export import ExportParams
+from quantpipe.schemas.quantize_qat import QuantizeQATParams
+from quantpipe.schemas.runtime import RuntimeParams
+from quantpipe.schemas.train import TrainParams
 
-from quantpipe import data, models, onnxutil, qat  # noqa: E402
-from quantpipe.io import run_stage, write_bytes, write_json  # noqa: E402
-from quantpipe.params import load_params  # noqa: E402
-
-PREPARED = Path("data/prepared")
-CALIBRATION = Path("data/calibration")
-MODEL = Path("models/model.pt")
-QAT = Path("models/qat.onnx")
-METRICS = Path("metrics/quantize_qat.json")
-NODE_SAMPLES = 256  # test images for the node-by-node check (quantpipe.qat.node_parity)
+NODE_SAMPLES = 256  # test images for the node-by-node check (quantpipe.engines.qat.node_parity)
 
 
 def compare(got: np.ndarray, expected: np.ndarray) -> dict:
@@ -41,29 +37,31 @@ def compare(got: np.ndarray, expected: np.ndarray) -> dict:
             "agreement": round(float((got.argmax(1) == expected.argmax(1)).mean()), 6)}
 
 
-def skip(reason: str) -> None:
-    write_bytes(QAT, b"")
-    write_json(METRICS, {"skipped": reason})
-    print(f"quantize_qat: skipped, {reason}")
+def main(argv: list[str]) -> None:
+    args = stage_args("quantize_qat", argv, "model", "data", "calibration", "out", "metrics")
+    p, train_p = params.load(QuantizeQATParams), params.load(TrainParams)
+    level = params.load(RuntimeParams).graph_optimization_level
+    seed, opset = params.seed(), params.load(ExportParams).opset
+    name = train_p.model
 
+    def skip(reason: str) -> None:
+        write_bytes(args.out, b"")
+        write_json(args.metrics, {"skipped": reason})
+        print(f"quantize_qat: skipped, {reason}")
 
-def main() -> None:
-    params = load_params()
-    p, level = params.quantize_qat, params.runtime.graph_optimization_level
-    name = params.train.model
     if not p.enabled:
         return skip("quantize_qat.enabled is false")
     if models.onnx_source(name):
         return skip(f"train.model is {name}: there is no PyTorch model to fine-tune")
-    info = data.load_info(PREPARED)
-    train, val, test = (data.load_split(PREPARED, s) for s in ("train", "val", "test"))
-    calib = data.load_split(CALIBRATION, "calib")
+    info = data.load_info(args.data)
+    train, val, test = (data.load_split(args.data, s) for s in ("train", "val", "test"))
+    calib = data.load_split(args.calibration, "calib")
     x_test = data.normalize(test.x, info)
 
     start = time.perf_counter()
-    torch.manual_seed(params.seed)
+    torch.manual_seed(seed)
     model = models.load_weights(
-        models.build_model(name, info.channels, info.image_size, info.num_classes), MODEL)
+        models.build_model(name, info.channels, info.image_size, info.num_classes), args.model)
     removed = qat.without_train_only_modules(model)
     try:
         qmodel = qat.prepare(model, info.input_shape, p.per_channel, name)
@@ -76,17 +74,17 @@ def main() -> None:
     before = float((models.predict_torch(qmodel, x_val).argmax(1) == val.y).mean())
     history, steps = qat.finetune(
         qmodel, data.normalize(train.x, info), train.y, x_val, val.y, epochs=p.epochs,
-        batch_size=p.batch_size, lr=p.lr, max_shift=params.train.max_shift, seed=params.seed,
+        batch_size=p.batch_size, lr=p.lr, max_shift=train_p.max_shift, seed=seed,
         freeze_bn_after=p.freeze_bn_after, freeze_observers_after=p.freeze_observers_after)
     trained = models.predict_torch(qmodel, x_test)  # the fake-quant model as trained
     qmodel = qat.fold_batch_norms(qmodel)
     with qat.onnx_rounding(qmodel):  # ... and as exported: BN folded, x / scale rounded
         expected = models.predict_torch(qmodel, x_test)
     try:
-        proto = qat.export_qdq(qmodel, info.input_shape, params.export.opset, name)
+        proto = qat.export_qdq(qmodel, info.input_shape, opset, name)
     except qat.Unsupported as e:
         return skip(str(e))
-    blob = onnxutil.check_and_serialize(proto, str(QAT))
+    blob = onnxutil.check_and_serialize(proto, str(args.out))
     seconds = round(time.perf_counter() - start, 2)
 
     # The export hop: the QDQ graph as written (ORT_DISABLE_ALL runs its QuantizeLinear,
@@ -134,14 +132,14 @@ def main() -> None:
             # after report.md is written; the other variants go on.
             metrics["failed"] = (
                 f"the exported QDQ graph differs from the fake-quant PyTorch model on "
-                f"{len(x_test)} test images ({logits}{where}); see {METRICS}")
+                f"{len(x_test)} test images ({logits}{where}); see {args.metrics}")
             print(f"quantize_qat: FAILED: {metrics['failed']}", file=sys.stderr)
-    write_bytes(QAT, blob)
-    write_json(METRICS, metrics)
+    write_bytes(args.out, blob)
+    write_json(args.metrics, metrics)
     print(f"quantize_qat: {name}, {p.epochs} epoch(s) at lr {p.lr:g}: val accuracy "
           f"{before:.4f} calibrated -> {history[-1].val_accuracy:.4f} fine-tuned; exported parity "
           f"max |diff| {parity['max_abs_diff']:.3g}, agreement {parity['agreement']:.2%} "
-          f"({seconds:.1f}s) -> {QAT}")
+          f"({seconds:.1f}s) -> {args.out}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """quantize_static: models/fp32.onnx + data/calibration -> models/static.onnx (INT8, calibrated).
 
-quantize_static.engine picks who quantizes: ONNX Runtime (quantpipe.quant) or NNCF
-(quantpipe.nncf_engine); both write a QDQ model. While the accuracy drop is real
+quantize_static.engine picks who quantizes, by name in quantpipe.engines.registry: ONNX Runtime
+(quantpipe.engines.ort_static) or NNCF (quantpipe.engines.nncf_ptq); both write a QDQ model. While the accuracy drop is real
 (quantpipe.criterion: over max_accuracy_drop_pp on the validation split, lopsided flips by
 McNemar's test, and below min_pool_agreement on the train images that did not calibrate; or
 below agreement_floor there, whatever the drop), the engine's fallback runs: ORT's recovery
@@ -12,48 +12,52 @@ report is written.
 """
 
 import logging
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from quantpipe import criterion, data, onnxutil, quant  # noqa: E402
-from quantpipe.io import atomic_path, run_stage, write_json  # noqa: E402
-from quantpipe.params import Engine, load_params  # noqa: E402
+from quantpipe import criterion, data, onnxutil, params
+from quantpipe.engines import registry
+from quantpipe.engines.base import StaticJob
+from quantpipe.engines.graph import check_calibration
+from quantpipe.errors import UserError
+from quantpipe.io import atomic_path, run_stage, stage_args, write_json
+from quantpipe.schemas.prepare import PrepareParams
+from quantpipe.schemas.quantize_static import QuantizeStaticParams
+from quantpipe.schemas.runtime import RuntimeParams
 
 # The params behind each rule of quantpipe.criterion that makes a change real.
 RULE_KEYS = {"agreement_floor": "quantize_static.agreement_floor",
              "real_drop": "quantize_static.max_accuracy_drop_pp, significance and min_pool_agreement"}
-PREPARED = Path("data/prepared")
-CALIBRATION = Path("data/calibration")
-FP32 = Path("models/fp32.onnx")
-STATIC = Path("models/static.onnx")
 
 
-def main() -> None:
+def main(argv: list[str]) -> None:
+    args = stage_args("quantize_static", argv, "fp32", "data", "calibration", "out", "metrics",
+                      "sensitivity")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    params = load_params()
-    p, level = params.quantize_static, params.runtime.graph_optimization_level
-    fp32 = onnxutil.load_model(FP32)
-    info = data.load_info(CALIBRATION)
-    calib = data.load_split(CALIBRATION, "calib")
-    quant.check_calibration(calib.x, info.input_shape, fp32)
-    prepared_info = data.load_info(PREPARED)
-    val = data.load_split(PREPARED, "val")
+    p = params.load(QuantizeStaticParams)
+    level = params.load(RuntimeParams).graph_optimization_level
+    try:
+        engine = registry.get(p.engine)
+    except UserError as e:
+        raise UserError(f"{params.PARAMS_FILE}: {e}") from None
+    fp32 = onnxutil.load_model(args.fp32)
+    info = data.load_info(args.calibration)
+    calib = data.load_split(args.calibration, "calib")
+    check_calibration(calib.x, info.input_shape, fp32)
+    prepared_info = data.load_info(args.data)
+    val = data.load_split(args.data, "val")
     val_x = data.normalize(val.x, prepared_info)
-    train_x = data.load_split(PREPARED, "train").x
+    train_x = data.load_split(args.data, "train").x
     pool_x = data.normalize(train_x[criterion.pool_indices(
-        len(train_x), data.load_calibration_index(CALIBRATION))], prepared_info)
-    # The ORT settings NNCF ignores (it picks its own types for the x86 kernels).
-    warnings = quant.slow_combination_warnings(p) if p.engine == Engine.onnxruntime else []
+        len(train_x), data.load_calibration_index(args.calibration))], prepared_info)
+    warnings = engine.warnings(p)
     for w in warnings:
         logging.warning("quantize_static: %s", w)
     one_image = criterion.one_image_pp(len(val.y))
     coarse = criterion.coarse_split_warning(len(val.y), p.max_accuracy_drop_pp,
-                                            params.prepare.val_fraction)
+                                            params.load(PrepareParams).val_fraction)
     if coarse:
         logging.warning("quantize_static: %s", coarse)
 
@@ -62,7 +66,7 @@ def main() -> None:
         session = onnxutil.make_session(model, level=level)
         return [onnxutil.run_batched(session, x).argmax(1) for x in images]
 
-    ref_val, ref_pool = predict(FP32, val_x, pool_x)
+    ref_val, ref_pool = predict(args.fp32, val_x, pool_x)
     fp32_val_accuracy = float((ref_val == val.y).mean())
 
     def check(model_path: Path) -> criterion.Judged:
@@ -73,25 +77,12 @@ def main() -> None:
                                 agreement_floor=p.agreement_floor)
 
     start = time.perf_counter()
-    with atomic_path(STATIC) as tmp:
-        if p.engine == Engine.nncf:
-            from quantpipe import nncf_engine
-
-            result = nncf_engine.quantize_static_nncf(
-                FP32, tmp, calib.x, info, p, check, pool_x, ref_pool,
-                lambda model, x: predict(model.SerializeToString(), x)[0])
-            settings = {"preset": p.nncf.preset.value, "bias_correction": p.nncf.bias_correction.value,
-                        "subset_size": result.calib_samples_used,
-                        "model_type": p.nncf.model_type.value if p.nncf.model_type else None,
-                        "smooth_quant_alpha": p.nncf.smooth_quant_alpha}
-        else:
-            result = quant.quantize_static_with_fallback(FP32, tmp, calib.x, info, p, check)
-            settings = {"quant_format": p.quant_format.name, "activation_type": p.activation_type.name,
-                        "weight_type": p.weight_type.name, "per_channel": p.per_channel,
-                        "reduce_range": p.reduce_range, "calibrate_method": result.calibrate_method,
-                        "calib_samples": result.calib_samples_used,
-                        "op_types_to_quantize": result.op_types_to_quantize,
-                        "op_selection": result.op_selection}
+    with atomic_path(args.out) as tmp:
+        result = engine.quantize(StaticJob(
+            fp32=args.fp32, out=tmp, calib_x=calib.x, info=info, params=p, check=check,
+            pool_x=pool_x, pool_ref=ref_pool,
+            predict=lambda model, x: predict(model.SerializeToString(), x)[0]))
+        settings = engine.settings(p, result)
         static = onnxutil.load_model(tmp)  # onnx.checker on what we are about to publish
         last = result.final
         metrics = {
@@ -111,7 +102,7 @@ def main() -> None:
             "seconds": round(time.perf_counter() - start, 2),
             "size_bytes": tmp.stat().st_size, "ops": onnxutil.op_counts(static)}
         if last["real_drop"]:
-            other = "nncf" if p.engine == Engine.onnxruntime else "onnxruntime"
+            other = " or ".join(n for n in registry.ENGINES.names() if n != p.engine)
             message = (f"{last['verdict']} (rule: {RULE_KEYS[last['rule']]}); tried "
                        f"{result.tried()}; raise max_fallback_steps, try engine: {other}, or set "
                        "allow_accuracy_drop: true")
@@ -120,13 +111,13 @@ def main() -> None:
             metrics["accepted" if p.allow_accuracy_drop else "failed"] = message
             logging.warning("quantize_static: %s%s", "" if p.allow_accuracy_drop else "FAILED: ",
                             message)
-        write_json("metrics/quantize_static.json", metrics)
-        write_json("metrics/plots/sensitivity.json", result.sensitivity)
+        write_json(args.metrics, metrics)
+        write_json(args.sensitivity, result.sensitivity)
     print(f"quantize_static: {result.engine}, {result.calibrate_method} on {result.calib_samples_used} "
           f"samples, val drop "
           f"{result.accuracy_drop_pp:.2f} pp, pool agreement {last['pool']['agreement']:.2%}, "
           f"{len(result.nodes_in_float)} compute node(s) in float "
-          f"({metrics['seconds']:.1f}s) -> {STATIC}")
+          f"({metrics['seconds']:.1f}s) -> {args.out}")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from torch import nn
 from quantpipe import data, onnxutil
 
 ROOT = Path(__file__).resolve().parents[1]
-# The opset the pipeline exports with by default (quantpipe.params.ExportParams).
+# The opset the pipeline exports with by default (quantpipe.schemas.export.ExportParams).
 OPSET = 18
 
 

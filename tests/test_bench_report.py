@@ -12,10 +12,11 @@ import pytest
 import torch
 from helpers import TwoConvNet, export_to, info_for, structured_images
 
-from quantpipe import bench, data, machine, onnxutil, report
+from quantpipe import bench, concurrency, data, machine, onnxutil, profiling, report
 from quantpipe.errors import UserError
 from quantpipe.bench import StreamConfig
-from quantpipe.params import BenchParams, GatesParams
+from quantpipe.schemas.bench import BenchParams
+from quantpipe.schemas.gates import GatesParams
 
 VNNI_MACHINE = {"cpu": "Test CPU", "cpu_flags": {f: f in ("avx2", "avx512f", "avx512_vnni")
                                                 for f in machine.CPU_FLAGS},
@@ -133,7 +134,7 @@ def test_stream_configs_fill_every_core(cores, expected):
 
 
 def test_run_concurrently_overlaps_jobs_and_keeps_their_order():
-    results, seconds = bench.run_concurrently([lambda i=i: (time.sleep(0.05), i)[1] for i in range(4)])
+    results, seconds = concurrency.run_concurrently([lambda i=i: (time.sleep(0.05), i)[1] for i in range(4)])
     assert results == [0, 1, 2, 3]
     assert 0.05 <= seconds < 0.15  # four 50 ms sleeps at once, not one after another
 
@@ -143,7 +144,7 @@ def test_run_concurrently_reraises_a_jobs_exception():
         raise ValueError("bad input")
 
     with pytest.raises(ValueError, match="bad input"):
-        bench.run_concurrently([lambda: None, boom])
+        concurrency.run_concurrently([lambda: None, boom])
 
 
 def test_measure_throughput_counts_images_per_second_of_concurrent_streams():
@@ -223,7 +224,7 @@ def test_kernel_profile_accounts_for_every_kernel_of_the_model(tmp_path):
     session = onnxutil.make_session(path, level=level, threads=1,
                                     profile_prefix=str(tmp_path / "ort"))
     x = np.random.default_rng(0).standard_normal((8, 1, 12, 12)).astype(np.float32)
-    profile = bench.kernel_profile(session, x, runs=5, top=2)
+    profile = profiling.kernel_profile(session, x, runs=5, top=2)
 
     assert profile["batch_size"] == 8 and profile["runs"] == 5
     assert profile["by_op_ms"].keys() == {"Conv", "Relu", "Reshape", "Gemm"}
@@ -233,10 +234,10 @@ def test_kernel_profile_accounts_for_every_kernel_of_the_model(tmp_path):
     assert len(top) == 2 and top[0]["ms"] >= top[1]["ms"] > 0
     assert top[0]["share"] == pytest.approx(top[0]["ms"] / profile["kernel_ms"], abs=1e-3)
     assert top[0]["op"] in profile["by_op_ms"]
-    line = bench.describe_profile(profile, ops=2)
+    line = profiling.describe_profile(profile, ops=2)
     assert line.startswith(f"{profile['kernel_ms']:.2f} ms (") and line.count("%") == 2
     # The largest op type first whatever the key order (write_json sorts keys); under 1% left out.
-    assert bench.describe_profile({"kernel_ms": 10.0, "by_op_ms": {"Add": 0.04, "Conv": 0.96,
+    assert profiling.describe_profile({"kernel_ms": 10.0, "by_op_ms": {"Add": 0.04, "Conv": 0.96,
                                                                    "Gemm": 9.0}}) == \
         "10.00 ms (Gemm 90%, Conv 10%)"
 
@@ -244,7 +245,7 @@ def test_kernel_profile_accounts_for_every_kernel_of_the_model(tmp_path):
 def test_kernel_profile_of_a_qdq_model_names_the_fused_int8_kernels(tmp_path):
     from onnxruntime.quantization import QuantFormat, quantize_static
 
-    from quantpipe.quant import CalibrationReader
+    from quantpipe.engines.ort_static import CalibrationReader
 
     torch.manual_seed(0)
     fp32 = export_to(TwoConvNet().eval(), (1, 12, 12), tmp_path / "fp32.onnx")
@@ -257,7 +258,7 @@ def test_kernel_profile_of_a_qdq_model_names_the_fused_int8_kernels(tmp_path):
     x = data.normalize(images.x, info)
     session = onnxutil.make_session(int8, level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
                                     threads=1, profile_prefix=str(tmp_path / "ort"))
-    profile = bench.kernel_profile(session, x, runs=3)
+    profile = profiling.kernel_profile(session, x, runs=3)
     assert "QLinearConv" in profile["by_op_ms"]  # what the QDQ pairs became at ENABLE_ALL
     assert "Conv" not in profile["by_op_ms"]
 
@@ -328,7 +329,7 @@ def _engines(variant, latency, throughput, factor, agreement):
            ov: {c: throughput["ips"][k] / factor for c, k in configs.items()},
            fp32: {c: throughput.get("baseline_ips", throughput["ips"])[k] for c, k in configs.items()}}
     passed = agreement >= 0.995
-    openvino = {"version": "2026.4.1",
+    openvino = {"title": "OpenVINO", "version": "2026.4.1",
                 "parity": {"samples": 1000, "agreement": agreement, "max_abs_diff": 0.01,
                            "mean_abs_diff": 0.001, "min_agreement": 0.995, "passed": passed},
                 "latency": bench.rows_against(grid, ov, fp32),
@@ -337,7 +338,7 @@ def _engines(variant, latency, throughput, factor, agreement):
         openvino["failed"] = (f"models/{variant}.onnx on OpenVINO: its top-1 agrees with ONNX "
                               f"Runtime's on {agreement:.2%} of 1000 test samples")
     trusted = ["onnxruntime"] + ["openvino"] * passed
-    return {"runtimes": {"onnxruntime": {"version": "1.32.0", "reference": True},
+    return {"runtimes": {"onnxruntime": {"title": "ONNX Runtime", "version": "1.32.0", "reference": True},
                          "openvino": openvino},
             "best": bench.best_configuration(grid, ips, variant, trusted, "fp32", ["onnxruntime"])}
 
@@ -365,13 +366,13 @@ def benches():
 
 FP32_KEYS = {"accuracy", "size_bytes", "latency_p50_ms", "by_threads", "throughput_ips",
              "throughput_config", "peak_rss_mb", "load_ms", "best", "runtimes"}
-QUANTIZED_KEYS = FP32_KEYS | {"accuracy_drop_pp", "agreement", "size_ratio", "speedup",
+QUANTIZED_KEYS = FP32_KEYS | {"accuracy_drop_pp", "agreement", "size_ratio", "speedup", "fp32_p50_ms",
                               "throughput_speedup"}
 
 
 def test_summary_has_exactly_the_contract_keys(evals, benches):
     summary = report.build_summary(evals, benches)
-    assert set(summary) == {"fp32", "dynamic", "static", "qat", "machine"}
+    assert set(summary) == {"fp32", "dynamic", "static", "qat", "machine", "runtimes"}
     assert summary["machine"] == VNNI_MACHINE
     assert set(summary["fp32"]) == FP32_KEYS
     assert set(summary["dynamic"]) == set(summary["static"]) == set(summary["qat"]) == QUANTIZED_KEYS
@@ -381,7 +382,7 @@ def test_summary_has_exactly_the_contract_keys(evals, benches):
         assert set(entry["by_threads"]) == {"threads1", "threads2"}
         for row in entry["by_threads"].values():
             assert set(row) == ({"latency_p50_ms"} if variant == "fp32" else
-                                {"latency_p50_ms", "speedup"})
+                                {"latency_p50_ms", "speedup", "fp32_p50_ms"})
     assert set(summary["static"]["speedup"]) == {"bs1", "bs64"}
     json.dumps(summary)
 
@@ -714,7 +715,7 @@ def test_markdown_shows_torch_in_the_latency_tables_only(evals, benches):
     torch_bench = {"accuracy": 0.98, "size_bytes": 4_000_000,
                    "latency": _bench("torch", {"bs1": 0.5, "bs64": 16.0})["latency"]}
     summary = report.build_summary(evals, benches, torch_bench)
-    assert set(summary["torch"]) == {"accuracy", "size_bytes", "latency_p50_ms", "speedup", "by_threads"}
+    assert set(summary["torch"]) == {"accuracy", "size_bytes", "latency_p50_ms", "speedup", "fp32_p50_ms", "by_threads"}
     assert summary["torch"]["speedup"] == {"bs1": pytest.approx(0.4), "bs64": pytest.approx(0.5)}
     tables = _tables(report.render_markdown(summary, []))
     sections = {title: {row[0] for row in rows} for title, rows in tables.items()}
@@ -744,7 +745,7 @@ def test_a_skipped_variant_has_no_row_and_the_report_says_why(evals, benches):
     evals["qat"] = {"variant": "qat", "skipped": why}
     benches["qat"] = {"variant": "qat", "skipped": "models/qat.onnx is empty"}
     summary = report.build_summary(evals, benches)
-    assert set(summary) == {"fp32", "dynamic", "static", "machine", "skipped"}
+    assert set(summary) == {"fp32", "dynamic", "static", "machine", "runtimes", "skipped"}
     assert summary["skipped"] == {"qat": why}
     assert set(report.variants_of(summary)) == {"fp32", "dynamic", "static"}
     assert report.check_gates(summary, GatesParams()) == []

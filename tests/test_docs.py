@@ -1,37 +1,127 @@
-"""The README's measured tables are the committed metrics, rendered (scripts/readme.py)."""
+"""The documents: measured tables are the committed metrics, rendered (quantpipe.docs, `make docs`);
+every params key has its row; links between pages resolve; the README stays short."""
 
 from __future__ import annotations
 
-import importlib.util
+import dataclasses
 import re
+import shutil
+
+import pytest
 
 from conftest import ROOT
+from quantpipe import docs
+from quantpipe.schemas.all import Params
 
-
-def _readme_module():
-    spec = importlib.util.spec_from_file_location("readme", ROOT / "scripts" / "readme.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+METRICS = ("metrics/summary.json", "metrics/bench/static.json", "metrics/families.json",
+           "metrics/engines.json", "metrics/qat_hard.json")
 
 
 def test_every_generated_table_is_the_committed_metrics():
-    readme = _readme_module()
-    text = (ROOT / "README.md").read_text()
-    blocks = [m.group(2) for m in readme.BLOCK.finditer(text)]
-    assert {"default", "families"} <= set(blocks), blocks
-    assert readme.regenerate(text) == text, "run `python scripts/readme.py` and commit README.md"
+    found = set()
+    for path in docs.documents(ROOT):
+        text = path.read_text()
+        found |= {m.group(2) for m in docs.BLOCK.finditer(text)}
+        assert docs.regenerate(text, ROOT) == text, f"run `make docs` and commit {path.name}"
+    assert {"headline", "default", "runtimes", "families", "engines", "qat_hard"} <= found, found
 
 
-def test_a_changed_metric_shows_in_the_table(tmp_path):
-    """The check can fail: one speedup edited in a copy of metrics/ changes the rendering."""
-    readme = _readme_module()
-    (tmp_path / "metrics/bench").mkdir(parents=True)
-    for rel in ("metrics/summary.json", "metrics/bench/static.json", "metrics/families.json"):
-        (tmp_path / rel).write_text((ROOT / rel).read_text())
-    text = (ROOT / "README.md").read_text()
-    summary = (tmp_path / "metrics/summary.json").read_text()
+@pytest.fixture
+def copy(tmp_path):
+    """The documents and the metrics they are rendered from, in a scratch project."""
+    for rel in ("README.md", "docs", *METRICS):
+        src, dest = ROOT / rel, tmp_path / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        (shutil.copytree if src.is_dir() else shutil.copy2)(src, dest)
+    return tmp_path
+
+
+def test_a_number_changed_by_hand_in_a_table_fails_the_check(copy, monkeypatch, capsys):
+    page = copy / "docs/results.md"
+    text = page.read_text()
+    edited = re.sub(r"\| x(\d)\.(\d\d) \|", lambda m: f"| x{m.group(1)}.{(int(m.group(2)) + 1) % 100:02d} |",
+                    text, count=1)
+    assert edited != text
+    page.write_text(edited)
+    monkeypatch.setattr("sys.argv", ["docs", "--check", "--root", str(copy)])
+    assert docs.main() == 1
+    assert "docs/results.md: its tables differ from metrics/" in capsys.readouterr().err
+    monkeypatch.setattr("sys.argv", ["docs", "--root", str(copy)])  # `make docs` puts it back
+    assert docs.main() == 0 and page.read_text() == text
+
+
+def test_a_changed_metric_shows_in_the_tables(copy):
+    summary = (copy / "metrics/summary.json").read_text()
     edited = re.sub(r'("speedup": \{\s*"bs1": )[0-9.]+', r"\g<1>9.87", summary, count=1)
     assert edited != summary
-    (tmp_path / "metrics/summary.json").write_text(edited)
-    assert "x9.87" in readme.regenerate(text, tmp_path) and "x9.87" not in text
+    (copy / "metrics/summary.json").write_text(edited)
+    text = (copy / "docs/results.md").read_text()
+    assert "x9.87" in docs.regenerate(text, copy) and "x9.87" not in text
+
+
+def test_every_speedup_column_shows_the_fp32_time_it_divides():
+    """speedup = FP32's p50 from the same rounds / the variant's p50, both in the table."""
+    table = docs.headline_table(__import__("json").loads((ROOT / "metrics/summary.json").read_text()))
+    head, _, *rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| ")]
+    for row in rows[1:]:  # the quantized variants
+        for i, name in enumerate(head):
+            if name.startswith("speedup"):
+                p50, fp32, x = (float(re.sub(r"[^\d.]", "", c)) for c in row[i - 2:i + 1])
+                assert fp32 / p50 == pytest.approx(x, rel=0.02), (name, row)
+
+
+def _keys(cls, prefix=""):
+    for f in dataclasses.fields(cls):
+        value = getattr(cls(), f.name) if dataclasses.is_dataclass(cls) else None
+        if dataclasses.is_dataclass(value) and f.name != "batch_consistency_atol":
+            yield from _keys(type(value), f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}"
+
+
+def test_every_params_key_has_a_row_in_the_reference():
+    text = (ROOT / "docs/params.md").read_text()
+    cells = " ".join(re.findall(r"^\| (`[^|]*) \|", text, re.M))
+    named = set(re.findall(r"`([\w.]+)`", cells))
+    # `a.b`, `.c` on one row: .c continues a's section.
+    for row in re.findall(r"^\| (`[^|]*) \|", text, re.M):
+        names = re.findall(r"`([\w.]+)`", row)
+        section = names[0].rsplit(".", 1)[0] if "." in names[0] else ""
+        named |= {section + n for n in names if n.startswith(".")}
+    missing = [k for k in _keys(Params) if k not in named]
+    assert not missing, f"docs/params.md has no row for {missing}"
+    unknown = [k for k in named if "." in k and k.split(".")[0] in Params.__dataclass_fields__
+               and k not in set(_keys(Params))]
+    assert not unknown, f"docs/params.md names keys params.yaml does not have: {unknown}"
+
+
+def test_links_between_pages_resolve():
+    pages = {p.name: p.read_text() for p in (ROOT / "docs").glob("*.md")}
+    pages_and_readme = {**{f"docs/{k}": v for k, v in pages.items()}, "README.md": (ROOT / "README.md").read_text()}
+    for name, text in pages_and_readme.items():
+        base = (ROOT / name).parent
+        for target in re.findall(r"\]\(([^)#\s]+\.md)(?:#[\w-]+)?\)", text):
+            assert (base / target).is_file(), f"{name} links to {target}, which does not exist"
+
+
+def test_readme_is_short_and_the_docs_carry_the_design():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250
+    assert (ROOT / "docs/design.md").is_file()
+    outside = "DESIGN" + ".md"  # the team's guide, which lives outside the repository
+    for path in [ROOT / "README.md", ROOT / "dvc.yaml", ROOT / "requirements.txt",
+                 *(ROOT / "docs").glob("*.md"), *ROOT.glob("quantpipe/**/*.py"),
+                 *ROOT.glob("stages/*.py"), *ROOT.glob("scripts/*.*"), *ROOT.glob("tests/*.py")]:
+        assert outside not in path.read_text(), f"{path} cites a document outside the repository"
+
+
+def test_the_package_is_installed_and_nothing_edits_sys_path():
+    """`make env` installs quantpipe (editable); stages and scripts import it, never patch the path."""
+    from importlib.metadata import distribution
+
+    assert distribution("quantpipe").metadata["Name"] == "quantpipe"
+    needle = "sys" + ".path"
+    hits = [str(p.relative_to(ROOT)) for folder in ("stages", "scripts", "quantpipe")
+            for p in (ROOT / folder).rglob("*") if p.is_file() and p.suffix in (".py", ".sh", "")
+            and needle in p.read_text(errors="replace")]
+    assert not hits, hits

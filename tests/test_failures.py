@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -40,13 +41,22 @@ MODEL_FILES = ("exported.onnx", "fp32.onnx", "dynamic.onnx", "static.onnx", "qat
 
 # --- helpers ----------------------------------------------------------------------------------
 
-def run_script(cwd: Path, *args: str, debug: bool = False, timeout: int = 300) -> subprocess.CompletedProcess:
-    """`python stages/<args>` in cwd, as DVC runs it."""
+def stage_command(cwd: Path, stage: str, variant: str | None = None) -> list[str]:
+    """The command dvc.yaml in cwd runs for `stage` (at `variant` for a foreach stage)."""
+    body = yaml.safe_load((cwd / "dvc.yaml").read_text())["stages"][stage]
+    body = body.get("do", body)
+    argv = shlex.split(body["cmd"].replace("${item}", variant or "${item}"))
+    assert argv[0] == "python", argv
+    return [sys.executable, *argv[1:]]
+
+
+def run_script(cwd: Path, stage: str, variant: str | None = None, debug: bool = False,
+               timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run `stage` in cwd with the command in dvc.yaml, as DVC runs it."""
     env = {k: v for k, v in os.environ.items() if k != "QUANTPIPE_DEBUG"}
     if debug:
         env["QUANTPIPE_DEBUG"] = "1"
-    script, *rest = args
-    return subprocess.run([sys.executable, f"stages/{script}.py", *rest], cwd=cwd, env=env,
+    return subprocess.run(stage_command(cwd, stage, variant), cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -153,6 +163,10 @@ PARAM_CASES = [
     (("quantize_static",), {"quantize_static": {"calib_batch_size": 0}},
      ["quantize_static.calib_batch_size = 0", ">= 1"]),
     (("bench", "fp32"), {"bench": {"batch_sizes": [1, 0]}}, ["bench.batch_sizes = [1, 0]", ">= 1"]),
+    (("quantize_static",), {"quantize_static": {"engine": "tensorrt"}},
+     ["quantize_static.engine: 'tensorrt' is not allowed", "['onnxruntime', 'nncf']"]),
+    (("bench", "fp32"), {"bench": {"runtimes": ["onnxruntime", "tensorrt"]}},
+     ["bench.runtimes: 'tensorrt' is not allowed", "['onnxruntime', 'openvino']"]),
     # Valid on its own, impossible with the data: found by prepare after loading the dataset.
     (("prepare",), {"prepare": {"calib_size": 4000}},
      ["prepare.calib_size = 4000", "larger than the train split (3500 samples)", "at most 3500"]),
@@ -429,10 +443,10 @@ def stage_process(proc: subprocess.Popen, script: str) -> psutil.Process | None:
         return None
     for child in children:
         try:
-            # The script as an argv item of its own: the python process itself, never the
-            # `sh -c "python stages/X.py"` wrapper that DVC starts when $SHELL is dash or unset
-            # (dash forks rather than execs, so signalling it would orphan the stage).
-            if f"stages/{script}.py" in child.cmdline()[1:]:
+            # The module as an argv item of its own: the python process itself, never the
+            # `sh -c "python -m stages.X ..."` wrapper that DVC starts when $SHELL is dash or
+            # unset (dash forks rather than execs, so signalling it would orphan the stage).
+            if f"stages.{script}" in child.cmdline()[1:]:
                 return child
         except psutil.NoSuchProcess:
             continue
@@ -748,7 +762,9 @@ def test_no_stage_command_is_built_from_param_strings():
                 assert set(interpolated) <= {"${item}"}, (name, cmd)
             else:
                 assert interpolated == [], (name, cmd)
-            assert re.fullmatch(r"python stages/\w+\.py( \$\{item\})?", cmd), (name, cmd)
+            # python -m stages.<name> [${item}] --<path name> <path> ...: paths, never params.
+            assert re.fullmatch(r"python -m stages\.\w+( \$\{item\})?( --\w+ [\w/.${}]+)+", cmd), \
+                (name, cmd)
 
 
 def test_quantize_static_says_when_one_validation_image_outweighs_the_limit(workspace):
@@ -781,6 +797,97 @@ def test_quantize_static_with_the_nncf_engine(workspace):
     assert json.loads((workspace / "metrics/eval/static.json").read_text())["agreement"] > 0.9
 
 
+# --- plug-in points: an engine and a runtime registered from a test alone ---------------------
+
+class PerTensorEngine:
+    """A third static engine, known to this test only: ONNX Runtime's quantize_static with
+    per-tensor weights and no fallback."""
+    name = "per_tensor"
+
+    def warnings(self, p):
+        return []
+
+    def quantize(self, job):
+        from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+        from quantpipe.engines import base, graph, ort_static
+
+        reader = ort_static.CalibrationReader(
+            job.calib_x, job.info, graph.graph_input(onnx.load(str(job.fp32))).name, 32)
+        quantize_static(str(job.fp32), str(job.out), reader, quant_format=QuantFormat.QDQ,
+                        per_channel=False, activation_type=QuantType.QUInt8,
+                        weight_type=QuantType.QInt8)
+        judged = job.check(job.out)
+        return base.StaticResult(
+            engine=self.name, steps=[{"rung": "plain", **judged.record, "kept": True}],
+            fallback_nodes=[], nodes_in_float=graph.float_compute_nodes(onnx.load(str(job.out))),
+            calibrate_method="MinMax", sensitivity=[], calib_samples_used=len(job.calib_x),
+            symbolic_shape_inference=None)
+
+    def settings(self, p, result):
+        return {"per_channel": False}
+
+
+def test_an_engine_registered_by_a_test_runs_through_the_static_stage(workspace, monkeypatch):
+    from quantpipe.engines import registry
+    from stages import quantize_static
+
+    monkeypatch.setitem(registry.ENGINES.classes, PerTensorEngine.name, PerTensorEngine)
+    set_params(workspace, {"quantize_static": {"engine": "per_tensor"}})
+    monkeypatch.chdir(workspace)
+    quantize_static.main(stage_command(workspace, "quantize_static")[3:])
+    q = json.loads((workspace / "metrics/quantize_static.json").read_text())
+    assert q["engine"] == "per_tensor" and q["per_channel"] is False and q["verdict"]
+    model = onnx.load(str(workspace / "models/static.onnx"))
+    scales = [i for i in model.graph.initializer if i.name.endswith("weight_scale")]
+    assert q["ops"]["QuantizeLinear"] > 0 and scales and all(len(i.dims) == 0 for i in scales)
+    result = run_script(workspace, "evaluate", "static")  # the pipeline takes it like any other
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+class BasicLevelRuntime:
+    """A third runtime, known to this test only: ONNX Runtime at ORT_ENABLE_BASIC (QDQ pairs
+    left unfused), timed beside the reference and checked against it."""
+    name, title = "ort_basic", "ONNX Runtime (basic)"
+
+    def __init__(self, level) -> None:
+        pass
+
+    def version(self) -> str:
+        return "basic"
+
+    def settings(self, path, cores) -> dict:
+        return {"graph_optimization_level": "ORT_ENABLE_BASIC"}
+
+    def runner(self, path, threads):
+        from onnxruntime import GraphOptimizationLevel
+
+        from quantpipe import onnxutil
+
+        return onnxutil.session_runner(onnxutil.make_session(
+            path, level=GraphOptimizationLevel.ORT_ENABLE_BASIC, threads=threads))
+
+    def pool(self, path, streams, threads):
+        return [self.runner(path, threads) for _ in range(streams)]
+
+
+def test_a_runtime_registered_by_a_test_runs_through_the_bench(workspace, monkeypatch):
+    from quantpipe.runtimes import registry
+    from stages import bench, report
+
+    monkeypatch.setitem(registry.RUNTIMES.classes, BasicLevelRuntime.name, BasicLevelRuntime)
+    set_params(workspace, {"bench": {"runtimes": ["onnxruntime", "ort_basic"]}})
+    monkeypatch.chdir(workspace)
+    bench.main(stage_command(workspace, "bench", "static")[3:])
+    entry = json.loads((workspace / "metrics/bench/static.json").read_text())["runtimes"]["ort_basic"]
+    assert entry["title"] == "ONNX Runtime (basic)" and entry["parity"]["passed"]
+    assert entry["latency"] and entry["throughput"]["best"]["ips"] > 0
+    report.main(stage_command(workspace, "report")[3:])
+    summary = json.loads((workspace / "metrics/summary.json").read_text())
+    assert summary["runtimes"]["ort_basic"] == "ONNX Runtime (basic)"
+    assert "ONNX Runtime (basic)" in (workspace / "metrics/report.md").read_text()
+
+
 
 def test_qat_logits_beyond_the_limits_with_every_node_faithful_pass_with_a_note(workspace):
     """End-to-end logits are a screen: beyond quantize_qat.max_abs_diff, the node-by-node
@@ -800,16 +907,17 @@ def test_qat_logits_beyond_the_limits_with_every_node_faithful_pass_with_a_note(
 
 # The stage as DVC runs it, with the node check's tolerance below zero: no node can pass it,
 # as a node written wrong would not.
-NO_NODE_PASSES = ("import runpy, sys; sys.argv = ['stages/quantize_qat.py']; "
-                  "import quantpipe.qat as q; q.NODE_MAX_MISMATCH = -1.0; "
-                  "runpy.run_path('stages/quantize_qat.py', run_name='__main__')")
+NO_NODE_PASSES = ("import sys; import quantpipe.engines.qat as q; q.NODE_MAX_MISMATCH = -1.0; "
+                  "from quantpipe.io import run_stage; from stages.quantize_qat import main; "
+                  "run_stage(main)")
 
 
 def test_quantize_qat_without_parity_writes_the_model_as_failed_naming_the_limits_and_node(workspace):
     written = workspace / "models/qat.onnx"
     written.unlink()
     set_params(workspace, {"quantize_qat": {"max_abs_diff": 1e-9}})
-    result = subprocess.run([sys.executable, "-c", NO_NODE_PASSES], cwd=workspace,
+    argv = stage_command(workspace, "quantize_qat")[3:]  # its arguments
+    result = subprocess.run([sys.executable, "-c", NO_NODE_PASSES, *argv], cwd=workspace,
                             env={**os.environ, "PYTHONPATH": str(workspace)},
                             capture_output=True, text=True, timeout=300)
     # Not a stop: the model is written for evaluate and bench, and the report shows it failed.
@@ -878,7 +986,7 @@ def test_every_stage_depends_on_the_library_files_it_imports():
     pipeline = yaml.safe_load((ROOT / "dvc.yaml").read_text())
     for name, stage in pipeline["stages"].items():
         body = stage.get("do", stage)
-        script = ROOT / body["cmd"].split()[1]
+        script = ROOT / (body["cmd"].split()[2].replace(".", "/") + ".py")
         deps = {d for d in body["deps"] if isinstance(d, str)}
         listed = {d for d in deps if d.startswith("quantpipe/") and d.endswith(".py")}
         imported = {str(f.relative_to(ROOT)) for f in _quantpipe_imports(script)}

@@ -17,8 +17,11 @@ import pytest
 import torch
 from helpers import OPSET, info_for, structured_images
 
-from quantpipe import criterion, data, models, onnxutil, qat, quant, runtimes
-from quantpipe.params import QuantizeDynamicParams, QuantizeStaticParams
+from quantpipe import criterion, data, models, onnxutil
+from quantpipe.engines import dynamic, ort_static, qat
+from quantpipe.runtimes import base, registry
+from quantpipe.schemas.quantize_dynamic import QuantizeDynamicParams
+from quantpipe.schemas.quantize_static import QuantizeStaticParams
 
 LEVEL = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
 # torch.ao's FX notices (fixed-qparams ops such as Sigmoid keep their own ranges) on every model.
@@ -78,14 +81,14 @@ def test_family_end_to_end(family, name, size, tmp_path):
     # The export stage's check: untrained BatchNorm can make logits large.
     assert onnxutil.max_abs_diff(got, expected) <= onnxutil.parity_limit(expected, 1e-4), family
 
-    dynamic = tmp_path / "dynamic.onnx"
-    quant.quantize_dynamic_model(fp32, dynamic, QuantizeDynamicParams())
+    dynamic_path = tmp_path / "dynamic.onnx"
+    dynamic.quantize_dynamic_model(fp32, dynamic_path, QuantizeDynamicParams())
     static = tmp_path / "static.onnx"
-    quant.quantize_static_with_fallback(
+    ort_static.quantize_static_with_fallback(
         fp32, static, split.x[:16], info, QuantizeStaticParams(max_fallback_steps=0),
         lambda path: criterion.Judged({"real_drop": False, "verdict": "not judged here"},
                                       np.zeros(1)))
-    for path in (dynamic, static):
+    for path in (dynamic_path, static):
         out = onnxutil.run_batched(onnxutil.make_session(path, level=LEVEL), x)
         assert out.shape == expected.shape and np.isfinite(out).all(), (family, path.name)
 
@@ -106,9 +109,9 @@ def test_family_end_to_end(family, name, size, tmp_path):
         assert "\n" not in str(e) and f"train.model = {name!r}" in str(e)
 
     # The other engine reads the same files (or says in one line why not).
-    engines = {n: runtimes.get(n, level=LEVEL) for n in runtimes.NAMES}
+    engines = registry.select(registry.RUNTIMES.names(), level=LEVEL)
     for path in (fp32, dynamic, static):
-        checks = runtimes.check(engines, path, x, split.y, threads=1, batch_size=16,
+        checks = base.check(engines, registry.REFERENCE, path, x, split.y, threads=1, batch_size=16,
                                 min_agreement=0.0)
         ov = checks["openvino"]
         assert ov.runs or "OpenVINO cannot" in ov.failed, (family, path.name, ov.failed)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,13 @@ def test_first_repro_runs_every_stage_and_writes_the_contract(project):
     for name in ("model.pt", "exported.onnx", "fp32.onnx", "dynamic.onnx", "static.onnx", "qat.onnx"):
         assert (repo / "models" / name).stat().st_size > 0
     summary = json.loads((repo / "metrics/summary.json").read_text())
-    assert set(summary) == {"fp32", "dynamic", "static", "qat", "torch", "machine", "recommended"}
+    assert set(summary) == {"fp32", "dynamic", "static", "qat", "torch", "machine", "runtimes",
+                            "recommended"}
+    assert summary["runtimes"] == {"onnxruntime": "ONNX Runtime", "openvino": "OpenVINO"}
+    for variant in ("dynamic", "static", "qat"):  # the speedup is the two same-rounds medians
+        for bs, x in summary[variant]["speedup"].items():
+            fp32, p50 = summary[variant]["fp32_p50_ms"][bs], summary[variant]["latency_p50_ms"][bs]
+            assert fp32 / p50 == pytest.approx(x, rel=1e-3), (variant, bs)
     for bs, pick in summary["recommended"].items():  # never a variant slower than FP32
         if pick["variant"] != "fp32":
             entry = summary[pick["variant"]]
@@ -51,7 +58,7 @@ def test_first_repro_runs_every_stage_and_writes_the_contract(project):
     for variant in ("dynamic", "static", "qat"):
         assert set(summary[variant]) == {"accuracy", "accuracy_drop_pp", "agreement", "size_bytes",
                                          "size_ratio", "latency_p50_ms", "speedup",
-                                         "throughput_speedup"} | deploy
+                                         "fp32_p50_ms", "throughput_speedup"} | deploy
         assert set(summary[variant]["speedup"]) == {"bs1", "bs8"}
         assert set(summary[variant]["by_threads"]) == threads
         # The headline is the first entry of bench.threads: all cores.
@@ -136,6 +143,52 @@ def test_qat_params_change_reruns_only_the_qat_branch(project):
     repo, _ = project
     set_params(repo, {"quantize_qat": {"lr": 2e-4, "freeze_bn_after": 10}})
     assert reproduce(repo) == QAT_BRANCH
+
+
+EVALUATE = {f"evaluate@{v}" for v in VARIANTS}
+BENCH = {f"bench@{v}" for v in VARIANTS}
+# Each params schema module, and the stages that read its section (and nothing else runs it).
+SCHEMA_READERS = {
+    "prepare": {"prepare", "quantize_static"},  # quantize_static: val_fraction, in a warning
+    "train": {"train", "export", "quantize_qat", "bench_torch"},
+    "export": {"export", "quantize_qat"},
+    "simplify": {"simplify"},
+    "quantize_dynamic": {"quantize_dynamic"},
+    "quantize_static": {"quantize_static"},
+    "quantize_qat": {"quantize_qat"},
+    "runtime": {"export", "simplify", "quantize_static", "quantize_qat", *EVALUATE, *BENCH,
+                "bench_torch"},
+    "evaluate": EVALUATE,
+    "bench": {*BENCH, "bench_torch"},
+    "gates": {"report"},
+}
+
+
+def out_of_date(repo: Path, edited: Path) -> set[str]:
+    """The stages `dvc status` finds out of date with a comment appended to `edited` (the file
+    is restored afterwards); the machine probe, always changed, left out."""
+    original = edited.read_text()
+    try:
+        edited.write_text(original + "# a comment\n")
+        done = subprocess.run([sys.executable, "-m", "dvc", "status", "--json"], cwd=repo, check=True,
+                              capture_output=True, text=True)
+    finally:
+        edited.write_text(original)
+    return set(json.loads(done.stdout)) - {PROBE}
+
+
+def test_a_comment_in_a_schema_module_re_runs_exactly_the_stages_that_read_it(project):
+    repo, _ = project
+    assert reproduce(repo) == {PROBE}
+    schemas = {p.stem for p in (repo / "quantpipe/schemas").glob("*.py")} - {"__init__", "all"}
+    assert schemas == set(SCHEMA_READERS)  # a new section gets its row here
+    for section, readers in SCHEMA_READERS.items():
+        assert out_of_date(repo, repo / f"quantpipe/schemas/{section}.py") == readers, section
+
+
+def test_a_comment_in_the_benchmark_code_re_runs_no_evaluate(project):
+    repo, _ = project
+    assert out_of_date(repo, repo / "quantpipe/bench.py") == {*BENCH, "bench_torch"}
 
 
 def test_plots_show_renders_every_plot(project, tmp_path):

@@ -1,4 +1,4 @@
-"""Quantization-aware training (quantpipe.qat) on tiny models: the fake-quant scheme, ranges from
+"""Quantization-aware training (quantpipe.engines.qat) on tiny models: the fake-quant scheme, ranges from
 the calibration set, freezing, BatchNorm folding, and an export that equals the fake-quant model
 and runs on ORT's INT8 kernels."""
 
@@ -13,7 +13,8 @@ from onnx import numpy_helper
 from torch import nn
 
 from helpers import OPSET, info_for, structured_images, trained_on
-from quantpipe import data, models, onnxutil, qat
+from quantpipe import data, models, onnxutil
+from quantpipe.engines import qat
 from quantpipe.errors import UserError
 
 SHAPE = (1, 12, 12)

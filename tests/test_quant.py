@@ -14,9 +14,11 @@ from onnx import numpy_helper
 from onnxruntime.quantization import QuantFormat, QuantType
 
 from helpers import TinyViT, TwoConvNet, export_to, info_for, structured_images, trained_on
-from quantpipe import criterion, data, onnxutil, quant
+from quantpipe import criterion, data, onnxutil
+from quantpipe.engines import base, dynamic, graph, ort_static
 from quantpipe.errors import UserError
-from quantpipe.params import QuantizeDynamicParams, QuantizeStaticParams
+from quantpipe.schemas.quantize_dynamic import QuantizeDynamicParams
+from quantpipe.schemas.quantize_static import QuantizeStaticParams
 
 SHAPE = (1, 12, 12)
 LEVEL = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -53,8 +55,8 @@ def conv_names(fp32) -> list[str]:
     return names
 
 
-def _reader(calib, info, batch_size: int = CALIB_BATCH) -> quant.CalibrationReader:
-    return quant.CalibrationReader(calib.x, info, onnxutil.INPUT_NAME, batch_size)
+def _reader(calib, info, batch_size: int = CALIB_BATCH) -> ort_static.CalibrationReader:
+    return ort_static.CalibrationReader(calib.x, info, onnxutil.INPUT_NAME, batch_size)
 
 
 def _val_accuracy(calib: data.Split, info: data.DataInfo):
@@ -80,12 +82,12 @@ def _threshold_check(val_accuracy, max_drop_pp: float, fp32_accuracy: float = 1.
 
 
 def _static_result(fp32_path, tmp_path, calib, info, val_accuracy=None,
-                   **overrides) -> tuple[onnx.ModelProto, quant.StaticResult]:
+                   **overrides) -> tuple[onnx.ModelProto, base.StaticResult]:
     # No accuracy fallback unless a test asks for it: these tests look at plain quantization.
     overrides.setdefault("max_fallback_steps", 0)
     out = tmp_path / "static.onnx"
     p = QuantizeStaticParams(**overrides)
-    result = quant.quantize_static_with_fallback(
+    result = ort_static.quantize_static_with_fallback(
         fp32_path, out, calib.x, info, p,
         _threshold_check(val_accuracy or _val_accuracy(calib, info), p.max_accuracy_drop_pp))
     assert result.symbolic_shape_inference is True
@@ -98,7 +100,7 @@ def _static(fp32_path, tmp_path, calib, info, **overrides) -> onnx.ModelProto:
 
 def _dynamic(fp32_path, tmp_path, **overrides) -> onnx.ModelProto:
     out = tmp_path / "dynamic.onnx"
-    quant.quantize_dynamic_model(fp32_path, out, QuantizeDynamicParams(**overrides))
+    dynamic.quantize_dynamic_model(fp32_path, out, QuantizeDynamicParams(**overrides))
     return onnxutil.load_model(out)
 
 
@@ -147,13 +149,13 @@ def test_reader_rewind_restarts(calib, info):
 
 
 def test_reader_uses_the_given_input_name(calib, info):
-    reader = quant.CalibrationReader(calib.x, info, "pixels", 100)
+    reader = ort_static.CalibrationReader(calib.x, info, "pixels", 100)
     assert list(reader.get_next()) == ["pixels"]
     assert reader.get_next() is None
 
 
 def test_graph_input_is_the_real_input(fp32):
-    assert quant.graph_input(fp32).name == onnxutil.INPUT_NAME
+    assert graph.graph_input(fp32).name == onnxutil.INPUT_NAME
 
 
 # --- static quantization ----------------------------------------------------------------------
@@ -239,7 +241,7 @@ def test_static_excluded_inner_conv_keeps_float_weights(fp32_path, tmp_path, cal
 
 
 def test_static_output_keeps_a_dynamic_batch(static_default, calib, info):
-    dim0 = quant.graph_input(static_default).type.tensor_type.shape.dim[0]
+    dim0 = graph.graph_input(static_default).type.tensor_type.shape.dim[0]
     assert dim0.dim_param
     x = data.normalize(calib.x[:7], info)
     whole = _logits(static_default, x)
@@ -272,7 +274,7 @@ def _weight_is_int8(model: onnx.ModelProto, op_type: str) -> bool:
 
 def test_a_graph_with_attention_gets_gemm_and_matmul_only(vit_path, tmp_path, calib, info):
     fp32 = onnx.load(str(vit_path))
-    attention = quant.attention_matmuls(fp32)
+    attention = ort_static.attention_matmuls(fp32)
     assert len(attention) == 2  # Q by K, and the attention weights by V
     (tmp_path / "default").mkdir()
     (tmp_path / "named").mkdir()
@@ -301,7 +303,7 @@ def test_op_types_to_quantize_overrides_the_transformer_default(vit_path, tmp_pa
 
 
 def test_a_graph_without_attention_gets_every_op_type(fp32_path, fp32, tmp_path, calib, info):
-    assert quant.attention_matmuls(fp32) == []
+    assert ort_static.attention_matmuls(fp32) == []
     _, result = _static_result(fp32_path, tmp_path, calib, info)
     assert result.op_types_to_quantize == [] and "no attention" in result.op_selection
 
@@ -415,8 +417,8 @@ def test_no_fallback_when_within_the_drop(fp32_path, tmp_path, calib, info):
 def test_float_compute_nodes_names_what_runs_in_float(fp32_path, fp32, tmp_path, calib, info,
                                                       conv_names):
     model = _static(fp32_path, tmp_path, calib, info, nodes_to_exclude=(conv_names[1],))
-    assert quant.float_compute_nodes(model) == [conv_names[1]]
-    assert quant.float_compute_nodes(fp32) == [n.name for n in fp32.graph.node
+    assert graph.float_compute_nodes(model) == [conv_names[1]]
+    assert graph.float_compute_nodes(fp32) == [n.name for n in fp32.graph.node
                                                if n.op_type in ("Conv", "Gemm")]
 
 
@@ -426,16 +428,16 @@ def test_cached_ranges_match_ort_calibration(fp32_path, tmp_path, calib, info):
     from onnxruntime.quantization.calibrate import load_tensors_data
 
     pre = tmp_path / "pre.onnx"
-    quant.preprocess(fp32_path, pre)
+    graph.preprocess(fp32_path, pre)
     calib = calib.take(np.arange(32))  # histograms need equal batches (calibration_plan)
     reader = _reader(calib, info)
-    outputs = quant.collect_outputs(pre, reader, QuantizeStaticParams(), tmp_path)
+    outputs = ort_static.collect_outputs(pre, reader, QuantizeStaticParams(), tmp_path)
     for method in CalibrationMethod.MinMax, CalibrationMethod.Entropy, CalibrationMethod.Percentile:
         p = QuantizeStaticParams(calibrate_method=method,
                                  calib_batch_size=CALIB_BATCH)
         theirs, ours = tmp_path / f"{method.name}_ort.json", tmp_path / f"{method.name}.json"
-        quant.calibrate(pre, _reader(calib, info), p, {}, theirs)
-        quant.cached_ranges(outputs, method, p, ours)
+        ort_static.calibrate(pre, _reader(calib, info), p, {}, theirs)
+        ort_static.cached_ranges(outputs, method, p, ours)
         a, b = load_tensors_data(theirs), load_tensors_data(ours)
         assert set(a.keys()) == set(b.keys())
         for name in a.keys():
@@ -454,26 +456,26 @@ def _model_with_activation(shape: list, elem_type=onnx.TensorProto.FLOAT) -> onn
 
 
 def test_activation_bytes_per_sample():
-    assert quant.activation_bytes_per_sample(_model_with_activation(["n", 256, 32, 32])) == 2**20
-    assert quant.activation_bytes_per_sample(_model_with_activation(["n", 8, "h", 4])) == 0
-    assert quant.activation_bytes_per_sample(
+    assert ort_static.activation_bytes_per_sample(_model_with_activation(["n", 256, 32, 32])) == 2**20
+    assert ort_static.activation_bytes_per_sample(_model_with_activation(["n", 8, "h", 4])) == 0
+    assert ort_static.activation_bytes_per_sample(
         _model_with_activation(["n", 8, 8], onnx.TensorProto.INT64)) == 0
 
 
 def test_calibration_plan_bounds_memory():
     model = _model_with_activation(["n", 256, 32, 32])  # 1 MiB per sample
-    entropy = QuantizeStaticParams(calibrate_method=quant.CalibrationMethod.Entropy,
+    entropy = QuantizeStaticParams(calibrate_method=ort_static.CalibrationMethod.Entropy,
                                    calib_memory_mb=16, calib_batch_size=4)
-    assert quant.calibration_plan(model, entropy, 100) == (16, {})  # first 16 samples fit
-    assert quant.calibration_plan(model, entropy, 12) == (12, {})
+    assert ort_static.calibration_plan(model, entropy, 100) == (16, {})  # first 16 samples fit
+    assert ort_static.calibration_plan(model, entropy, 12) == (12, {})
     # Histogram calibration needs equal batches (ORT stacks them): 10 -> two whole batches of 4.
-    assert quant.calibration_plan(model, entropy, 10) == (8, {})
-    assert quant.calibration_plan(model, entropy, 3) == (3, {})  # one short batch is equal too
+    assert ort_static.calibration_plan(model, entropy, 10) == (8, {})
+    assert ort_static.calibration_plan(model, entropy, 3) == (3, {})  # one short batch is equal too
     minmax = QuantizeStaticParams(calib_memory_mb=16, calib_batch_size=4)
     # MinMax reduces ranges slice by slice: every sample, in slices of the 16 samples that fit.
-    assert quant.calibration_plan(model, minmax, 100) == (100, {"CalibStridedMinMax": 16})
-    assert quant.calibration_plan(model, minmax, 16) == (16, {})  # all fit: one pass
-    assert quant.calibration_plan(model, QuantizeStaticParams(calib_memory_mb=16, calib_batch_size=32),
+    assert ort_static.calibration_plan(model, minmax, 100) == (100, {"CalibStridedMinMax": 16})
+    assert ort_static.calibration_plan(model, minmax, 16) == (16, {})  # all fit: one pass
+    assert ort_static.calibration_plan(model, QuantizeStaticParams(calib_memory_mb=16, calib_batch_size=32),
                                   100) == (100, {"CalibStridedMinMax": 32})  # at least a batch
 
 
@@ -483,7 +485,7 @@ def test_minmax_ranges_do_not_depend_on_the_memory_budget(fp32_path, tmp_path, c
     ranges are those of all samples at once. (ORT's own CalibMaxIntermediateOutputs dropped
     every batch here: "No data is collected".)"""
     whole = _activation_scales(_static(fp32_path, tmp_path, calib, info, calib_batch_size=4))
-    monkeypatch.setattr(quant, "activation_bytes_per_sample", lambda model: 2**22)  # 4 MiB
+    monkeypatch.setattr(ort_static, "activation_bytes_per_sample", lambda model: 2**22)  # 4 MiB
     squeezed = _activation_scales(_static(fp32_path, tmp_path, calib, info, calib_batch_size=4,
                                           calib_memory_mb=16))  # 4 samples: one batch a slice
     assert len(calib.x) > 4 and squeezed == pytest.approx(whole, rel=1e-6)
@@ -513,7 +515,7 @@ def test_dynamic_weights_are_int8(fp32_path, tmp_path):
 
 def test_dynamic_excluded_linear_stays_float(fp32_path, fp32, tmp_path):
     (gemm,) = [n.name for n in fp32.graph.node if n.op_type == "Gemm"]
-    assert quant.unknown_nodes(fp32, (gemm,)) == []  # the stage's own check accepts the name
+    assert graph.unknown_nodes(fp32, (gemm,)) == []  # the stage's own check accepts the name
     ops = onnxutil.op_counts(_dynamic(fp32_path, tmp_path, nodes_to_exclude=(gemm,)))
     assert "MatMulInteger" not in ops
 
@@ -556,53 +558,53 @@ def test_quantized_stays_close_to_fp32(variant, fp32_path, tmp_path, calib, info
 # --- settings warnings and boundary checks ----------------------------------------------------
 
 def test_slow_combination_warnings_empty_for_defaults():
-    assert quant.slow_combination_warnings(QuantizeStaticParams()) == []
+    assert ort_static.slow_combination_warnings(QuantizeStaticParams()) == []
 
 
 def test_slow_combination_warns_for_s8_activations():
-    found = quant.slow_combination_warnings(QuantizeStaticParams(activation_type=QuantType.QInt8))
+    found = ort_static.slow_combination_warnings(QuantizeStaticParams(activation_type=QuantType.QInt8))
     assert len(found) == 1
     assert "QInt8" in found[0] and "QUInt8" in found[0]
 
 
 def test_slow_combination_names_qoperator():
-    found = quant.slow_combination_warnings(QuantizeStaticParams(
+    found = ort_static.slow_combination_warnings(QuantizeStaticParams(
         activation_type=QuantType.QInt8, quant_format=QuantFormat.QOperator))
     assert len(found) == 1 and "QOperator" in found[0]
 
 
 def test_slow_combination_warns_for_u8_weights():
-    found = quant.slow_combination_warnings(QuantizeStaticParams(weight_type=QuantType.QUInt8))
+    found = ort_static.slow_combination_warnings(QuantizeStaticParams(weight_type=QuantType.QUInt8))
     assert len(found) == 1
     assert "weight_type: QInt8" in found[0]
 
 
 def test_check_calibration_accepts_matching_data(calib, info, fp32):
-    assert quant.check_calibration(calib.x, info.input_shape, fp32) is None
+    assert graph.check_calibration(calib.x, info.input_shape, fp32) is None
 
 
 def test_check_calibration_refuses_an_empty_set(info, fp32):
     with pytest.raises(UserError, match="empty") as e:
-        quant.check_calibration(np.zeros((0, *SHAPE), np.uint8), info.input_shape, fp32)
+        graph.check_calibration(np.zeros((0, *SHAPE), np.uint8), info.input_shape, fp32)
     assert "prepare.calib_size" in str(e.value)
 
 
 @pytest.mark.parametrize("shape", [(4, 1, 8, 8), (4, 3, 12, 12)])
 def test_check_calibration_refuses_a_wrong_shape(shape, info, fp32):
     with pytest.raises(UserError) as e:
-        quant.check_calibration(np.zeros(shape, np.uint8), info.input_shape, fp32)
+        graph.check_calibration(np.zeros(shape, np.uint8), info.input_shape, fp32)
     assert str(tuple(shape[1:])) in str(e.value)
 
 
 def test_check_calibration_refuses_a_wrong_rank(info, fp32):
     with pytest.raises(UserError):
-        quant.check_calibration(np.zeros((4, *SHAPE, 1), np.uint8), info.input_shape, fp32)
+        graph.check_calibration(np.zeros((4, *SHAPE, 1), np.uint8), info.input_shape, fp32)
 
 
 def test_unknown_nodes(fp32, conv_names):
-    assert quant.unknown_nodes(fp32, tuple(conv_names)) == []
-    assert quant.unknown_nodes(fp32, (conv_names[0], "conv9", "Conv_0")) == ["conv9", "Conv_0"]
-    assert quant.unknown_nodes(fp32, ()) == []
+    assert graph.unknown_nodes(fp32, tuple(conv_names)) == []
+    assert graph.unknown_nodes(fp32, (conv_names[0], "conv9", "Conv_0")) == ["conv9", "Conv_0"]
+    assert graph.unknown_nodes(fp32, ()) == []
 
 
 def _activation_scales(model: onnx.ModelProto) -> dict[str, float]:

@@ -1,5 +1,6 @@
 """A genuinely PTQ-hard model, and the two fallbacks that recover it: ORT's recovery ladder
-(quantpipe.quant) and NNCF's quantize_with_accuracy_control (quantpipe.nncf_engine).
+(quantpipe.engines.ort_static) and NNCF's quantize_with_accuracy_control
+(quantpipe.engines.nncf_ptq).
 
 The hard model is a trained tiny CNN with one outlier activation channel (with_outlier_channel:
 same FP32 function, one channel 1000x the others), judged by the real criterion
@@ -17,9 +18,10 @@ import pytest
 import torch
 
 from helpers import TwoConvNet, export_to, info_for, structured_images, trained_on
-from quantpipe import criterion, data, nncf_engine, onnxutil, quant
+from quantpipe import criterion, data, onnxutil
+from quantpipe.engines import base, graph, nncf_ptq, ort_static
 from quantpipe.errors import UserError
-from quantpipe.params import NNCFParams, QuantizeStaticParams
+from quantpipe.schemas.quantize_static import NNCFParams, QuantizeStaticParams
 
 LEVEL = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
 SHAPE = (1, 12, 12)
@@ -92,11 +94,11 @@ def test_outlier_channel_needs_conv_relu_conv(tmp_path):
 def test_plain_ptq_fails_the_criterion_and_the_ladder_recovers(hard_path, sets, judge, tmp_path):
     train, _, _, info = sets
     out = tmp_path / "static.onnx"
-    plain = quant.quantize_static_with_fallback(hard_path, out, train.x[:64], info,
+    plain = ort_static.quantize_static_with_fallback(hard_path, out, train.x[:64], info,
                                                 QuantizeStaticParams(max_fallback_steps=0), judge)
     assert plain.final["real_drop"] and plain.accuracy_drop_pp > 10
 
-    result = quant.quantize_static_with_fallback(hard_path, out, train.x[:64], info,
+    result = ort_static.quantize_static_with_fallback(hard_path, out, train.x[:64], info,
                                                  QuantizeStaticParams(), judge)
     assert not result.final["real_drop"], result.tried()
     assert result.accuracy_drop_pp <= 0.5 and result.final["pool"]["agreement"] >= 0.995
@@ -104,7 +106,7 @@ def test_plain_ptq_fails_the_criterion_and_the_ladder_recovers(hard_path, sets, 
     assert 1 <= len(result.nodes_in_float) < 3  # not simply everything in float
     # What was written is what the last kept step judged.
     assert judge(out).record["pool"] == result.final["pool"]
-    assert quant.float_compute_nodes(onnx.load(str(out))) == result.nodes_in_float
+    assert graph.float_compute_nodes(onnx.load(str(out))) == result.nodes_in_float
 
 
 def test_nncf_plain_fails_and_accuracy_control_recovers(hard_path, sets, judge, tmp_path):
@@ -112,8 +114,8 @@ def test_nncf_plain_fails_and_accuracy_control_recovers(hard_path, sets, judge, 
     pool_x, ref_pool = judge.pool
     out = tmp_path / "static.onnx"
 
-    def run(**overrides) -> quant.StaticResult:
-        return nncf_engine.quantize_static_nncf(
+    def run(**overrides) -> base.StaticResult:
+        return nncf_ptq.quantize_static_nncf(
             hard_path, out, train.x[:64], info, QuantizeStaticParams(**overrides), judge,
             pool_x, ref_pool, lambda model, x: _predict(model.SerializeToString(), x))
 
@@ -137,13 +139,13 @@ def test_nncf_options_reach_nncf(fp32_path, sets, tmp_path):
                                            "verdict": "ok", "pool": {}}, np.zeros(1))
     for bias in ("none", "full"):
         p = QuantizeStaticParams(nodes_to_exclude=(conv,),
-                                 nncf=NNCFParams(bias_correction=nncf_engine.BiasCorrection(bias),
+                                 nncf=NNCFParams(bias_correction=nncf_ptq.BiasCorrection(bias),
                                                  subset_size=16))
-        result = nncf_engine.quantize_static_nncf(fp32_path, tmp_path / "s.onnx", train.x[:64], info,
+        result = nncf_ptq.quantize_static_nncf(fp32_path, tmp_path / "s.onnx", train.x[:64], info,
                                                   p, never, np.zeros((0, *SHAPE), np.float32),
                                                   np.zeros(0), _predict)
         assert result.nodes_in_float == [conv] and result.calib_samples_used == 16
     with pytest.raises(UserError, match="nodes_to_exclude.*conv9"):
-        nncf_engine.quantize_static_nncf(fp32_path, tmp_path / "s.onnx", train.x[:64], info,
+        nncf_ptq.quantize_static_nncf(fp32_path, tmp_path / "s.onnx", train.x[:64], info,
                                          QuantizeStaticParams(nodes_to_exclude=("conv9",)), never,
                                          np.zeros((0, *SHAPE), np.float32), np.zeros(0), _predict)

@@ -10,11 +10,11 @@ from helpers import TwoConvNet, export_to, info_for, structured_images, trained_
 from onnxruntime import GraphOptimizationLevel
 from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
-from quantpipe import bench, data, runtimes
+from quantpipe import bench, concurrency, data
 from quantpipe.bench import Latency, StreamConfig
-from quantpipe.params import BenchParams
-from quantpipe.quant import CalibrationReader
-from quantpipe.runtimes import timing
+from quantpipe.schemas.bench import BenchParams
+from quantpipe.engines.ort_static import CalibrationReader
+from quantpipe.runtimes import base, registry, timing
 
 LEVEL = GraphOptimizationLevel.ORT_ENABLE_ALL
 TINY = BenchParams(batch_sizes=(1, 8), threads=(2, 1), warmup=1, runs=4, rounds=2)
@@ -42,25 +42,25 @@ def models(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engines():
-    return {name: runtimes.get(name, level=LEVEL) for name in runtimes.NAMES}
+    return registry.select(registry.RUNTIMES.names(), level=LEVEL)
 
 
 def test_openvino_computes_what_onnx_runtime_computes(models, engines):
     paths, x, y = models
     ort, ov = engines["onnxruntime"], engines["openvino"]
-    fp32 = runtimes.parity(ort.runner(paths["fp32"], 1), ov.runner(paths["fp32"], 1), x, y,
-                           batch_size=8, min_agreement=0.995)
+    fp32 = base.parity(ort.runner(paths["fp32"], 1), ov.runner(paths["fp32"], 1), x, y,
+                         batch_size=8, min_agreement=0.995)
     # FP32 pinned to f32 inference: only summation order differs (logits here are tens).
     assert fp32.passed and fp32.agreement == 1.0 and fp32.max_abs_diff < 1e-3
     assert fp32.samples == len(x) and fp32.accuracy == pytest.approx((ort.runner(
         paths["fp32"], 1)(x).argmax(1) == y).mean())
-    static = runtimes.parity(ort.runner(paths["static"], 2), ov.runner(paths["static"], 2), x, y,
-                             batch_size=5, min_agreement=0.995)  # odd batches: a ragged last one
+    static = base.parity(ort.runner(paths["static"], 2), ov.runner(paths["static"], 2), x, y,
+                         batch_size=5, min_agreement=0.995)  # odd batches: a ragged last one
     assert static.passed and static.agreement >= 0.99 and np.isfinite(static.max_abs_diff)
     record = static.as_dict()
     assert set(record) == {"samples", "agreement", "max_abs_diff", "mean_abs_diff",
                            "min_agreement", "passed", "accuracy"}
-    assert runtimes.Parity(**{**static.__dict__, "min_agreement": 1.01}).failure().startswith(
+    assert base.Parity(**{**static.__dict__, "min_agreement": 1.01}).failure("ONNX Runtime").startswith(
         "its top-1 agrees with ONNX Runtime's on")
 
 
@@ -70,7 +70,7 @@ def test_openvino_streams_run_concurrently_and_agree(models, engines):
     batch = bench.batch_of(x, 8)
     expected = ov.runner(paths["static"], 1)(batch)
     pool = ov.pool(paths["static"], streams=2, threads=1)
-    outputs, _ = bench.run_concurrently([lambda run=run: run(batch) for run in pool])
+    outputs, _ = concurrency.run_concurrently([lambda run=run: run(batch) for run in pool])
     assert len(pool) == 2
     for out in outputs:
         np.testing.assert_array_equal(out, expected)
@@ -84,8 +84,8 @@ def test_parity_fails_on_non_finite_outputs():
     x = np.zeros((4, 1, 2, 2), np.float32)
     reference = lambda b: np.tile(np.arange(3, dtype=np.float32), (len(b), 1))  # noqa: E731
     broken = lambda b: np.full((len(b), 3), np.nan, np.float32)  # noqa: E731
-    result = runtimes.parity(reference, broken, x, None, batch_size=2, min_agreement=0.5)
-    assert not result.passed and "non-finite" in result.failure()
+    result = base.parity(reference, broken, x, None, batch_size=2, min_agreement=0.5)
+    assert not result.passed and "non-finite" in result.failure("ONNX Runtime")
     assert result.accuracy is None and "accuracy" not in result.as_dict()
 
 
@@ -95,12 +95,12 @@ def test_an_output_of_another_shape_is_one_line_naming_model_and_engine():
     x = np.zeros((4, 1, 2, 2), np.float32)
     reference = lambda b: np.zeros((len(b), 3), np.float32)  # noqa: E731
     other = lambda b: np.zeros((len(b), 2), np.float32)  # noqa: E731
-    with pytest.raises(runtimes.RuntimeUnavailable,
+    with pytest.raises(base.RuntimeUnavailable,
                        match=r"^m\.onnx on OpenVINO: its output has shape \(4, 2\), ONNX Runtime's \(4, 3\)$"):
-        runtimes.parity(reference, other, x, None, batch_size=4, min_agreement=0.9,
-                        label="m.onnx on OpenVINO")
+        base.parity(reference, other, x, None, batch_size=4, min_agreement=0.9,
+                    label="m.onnx on OpenVINO", reference_title="ONNX Runtime")
     # Raised outside check() (a run failing mid-benchmark) it stops a stage in that one line.
-    assert issubclass(runtimes.RuntimeUnavailable, UserError)
+    assert issubclass(base.RuntimeUnavailable, UserError)
 
 
 class Corrupted:
@@ -108,7 +108,7 @@ class Corrupted:
     reversed: a different top-1 class on almost every sample)."""
 
     def __init__(self, engine, corrupt_path) -> None:
-        self.engine, self.corrupt_path, self.name = engine, corrupt_path, engine.name
+        self.engine, self.corrupt_path, self.name, self.title = engine, corrupt_path, engine.name, engine.title
 
     def version(self):
         return self.engine.version()
@@ -128,9 +128,9 @@ class Corrupted:
 
 def _time(engines, paths, variant, x, y):
     models = {variant: paths[variant], "fp32": paths["fp32"]}
-    checks = {m: runtimes.check(engines, p, x, y, threads=2, batch_size=8, min_agreement=0.995)
+    checks = {m: base.check(engines, registry.REFERENCE, p, x, y, threads=2, batch_size=8, min_agreement=0.995)
               for m, p in models.items()}
-    return checks, timing.time_engines(engines, models, checks, variant, x, (2, 1), 2, TINY)
+    return checks, timing.time_engines(engines, registry.REFERENCE, models, checks, variant, x, (2, 1), 2, TINY)
 
 
 def _engines_used(best: dict) -> set[str]:

@@ -61,7 +61,7 @@ def test_error_line_prefers_the_stages_own_message():
     dvc_output = ("Running stage 'quantize_static':\n"
                   "error: params.yaml: quantize_static.calibrate_method = 'Bogus' is not allowed\n"
                   "ERROR: failed to reproduce 'quantize_static': failed to run: python "
-                  "stages/quantize_static.py, exited with 2\n")
+                  "-m stages.quantize_static --fp32 models/fp32.onnx, exited with 2\n")
     assert sweeps.error_line(dvc_output) == \
         "error: params.yaml: quantize_static.calibrate_method = 'Bogus' is not allowed"
     assert sweeps.error_line(dvc_output.split("\n", 2)[2]).startswith("ERROR: failed to repro")

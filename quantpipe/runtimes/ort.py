@@ -5,11 +5,12 @@ from __future__ import annotations
 import onnxruntime as ort
 
 from quantpipe import onnxutil
-from quantpipe.runtimes import Runner
+from quantpipe.runtimes.base import Runner
 
 
 class OnnxRuntime:
     name = "onnxruntime"
+    title = "ONNX Runtime"
 
     def __init__(self, level: ort.GraphOptimizationLevel) -> None:
         self.level = level

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import openvino as ov
 
-from quantpipe.runtimes import Runner, RuntimeUnavailable
+from quantpipe.runtimes.base import Runner, RuntimeUnavailable
 
 # OpenVINO runs an FP32 model in bf16 on CPUs that have bf16 (this EPYC's AVX-512 BF16 does) unless
 # told otherwise: faster, but a different, lossier model than the FP32 baseline it is compared to.
@@ -14,8 +14,11 @@ PRECISION = {"INFERENCE_PRECISION_HINT": "f32"}
 
 class OpenVino:
     name = "openvino"
+    title = "OpenVINO"
 
-    def __init__(self) -> None:
+    def __init__(self, level=None) -> None:
+        # level (ONNX Runtime's graph optimization level) does not apply: OpenVINO compiles
+        # the graph its own way.
         self.core = ov.Core()
 
     def version(self) -> str:

@@ -7,15 +7,16 @@ from pathlib import Path
 import numpy as np
 
 from quantpipe import bench
-from quantpipe.params import BenchParams
-from quantpipe.runtimes import REFERENCE, Check, Runtime
+from quantpipe.runtimes.base import Check, Runtime
+from quantpipe.schemas.bench import BenchParams
 
 
-def time_engines(engines: dict[str, Runtime], models: dict[str, Path],
+def time_engines(engines: dict[str, Runtime], reference: str, models: dict[str, Path],
                  checks: dict[str, dict[str, Check]], variant: str, x: np.ndarray,
                  threads: tuple[int, ...], cores: int, p: BenchParams) -> dict:
     """Latency and throughput of models[variant] and models["fp32"] on every engine that can
-    run them (checks: runtimes.check per model), all in the same interleaved rounds.
+    run them (checks: base.check per model), all in the same interleaved rounds; `reference`
+    names the engine the others are measured against.
 
     Returns "latency" and "throughput" of the reference engine (rows_against and
     throughput_against FP32 on it: the keys every earlier bench had), "runtimes": per engine
@@ -34,7 +35,7 @@ def time_engines(engines: dict[str, Runtime], models: dict[str, Path],
         lambda config: {(m, e): engines[e].pool(models[m], config.streams, config.threads)
                         for m, e in timed},
         x, cores, p, desc=f"bench {variant} throughput")
-    largest, fp32 = max(p.batch_sizes), ("fp32", REFERENCE)
+    largest, fp32 = max(p.batch_sizes), ("fp32", reference)
 
     def record(model: str, name: str) -> dict:
         c = checks[model][name]
@@ -48,8 +49,8 @@ def time_engines(engines: dict[str, Runtime], models: dict[str, Path],
 
     records = {}
     for name, engine in engines.items():
-        entry = {"version": engine.version()}
-        if name == REFERENCE:
+        entry = {"title": engine.title, "version": engine.version()}
+        if name == reference:
             entry["reference"] = True
         else:
             entry.update(record(variant, name))
@@ -60,8 +61,8 @@ def time_engines(engines: dict[str, Runtime], models: dict[str, Path],
         records[name] = entry
     trusted = {model: [name for name, c in by_engine.items() if not c.failed]
                for model, by_engine in checks.items()}
-    return {"latency": bench.rows_against(grid, (variant, REFERENCE), fp32),
-            "throughput": bench.throughput_against(ips, (variant, REFERENCE), fp32, largest, cores),
+    return {"latency": bench.rows_against(grid, (variant, reference), fp32),
+            "throughput": bench.throughput_against(ips, (variant, reference), fp32, largest, cores),
             "runtimes": records,
             "best": bench.best_configuration(grid, ips, variant, trusted[variant], "fp32", trusted["fp32"])}
 
@@ -79,10 +80,11 @@ def describe_timings(timings: dict) -> list[str]:
     extra = f", x{throughput['speedup']:.2f} vs fp32's best" if "speedup" in throughput else ""
     lines.append(f"throughput at bs{throughput['batch_size']}: {top['ips']:.0f} img/s with "
                  f"{top['streams']} stream(s) x {top['threads']} thread(s){extra}")
+    reference = next(name for name, entry in timings["runtimes"].items() if entry.get("reference"))
     for name, entry in timings["runtimes"].items():
         if "parity" in entry:
             par = entry["parity"]
-            lines.append(f"{name} vs {REFERENCE} on the test split: top-1 agreement "
+            lines.append(f"{name} vs {reference} on the test split: top-1 agreement "
                          f"{par['agreement']:.2%}, max logit difference {par['max_abs_diff']:.3g}")
         if "failed" in entry:
             lines.append(f"{name} is left out of best: {entry['failed']}")

@@ -1,4 +1,4 @@
-"""quantize_static with engine: nncf — NNCF's ONNX post-training quantization.
+"""The `nncf` static engine: NNCF's ONNX post-training quantization.
 
 NNCF (OpenVINO's compression library) quantizes the same FP32 ONNX file to a QDQ model that
 ONNX Runtime runs like ORT's own. What it adds: bias correction (each quantized layer's output
@@ -22,8 +22,9 @@ import onnx
 
 from quantpipe.criterion import Judged
 from quantpipe.data import DataInfo, normalize
-from quantpipe.params import BiasCorrection, QuantizeStaticParams
-from quantpipe.quant import StaticResult, check_nodes_exist, float_compute_nodes, graph_input
+from quantpipe.engines.base import StaticJob, StaticResult
+from quantpipe.engines.graph import check_nodes_exist, float_compute_nodes, graph_input
+from quantpipe.schemas.quantize_static import BiasCorrection, QuantizeStaticParams
 
 log = logging.getLogger(__name__)
 # nncf imports torch, whose C++-extension helper warns "No CUDA runtime is found" on every CPU
@@ -120,3 +121,21 @@ def quantize_static_nncf(fp32_path: Path, out_path: Path, calib_x: np.ndarray, i
                         fallback_nodes=[n for n in in_float if n not in steps[0]["nodes_in_float"]],
                         nodes_in_float=in_float, calibrate_method="nncf", sensitivity=[],
                         calib_samples_used=options["subset_size"], symbolic_shape_inference=None)
+
+
+class NNCFStatic:
+    """quantize_static.engine: nncf."""
+    name = "nncf"
+
+    def warnings(self, p: QuantizeStaticParams) -> list[str]:
+        return []  # NNCF picks its own types for the x86 kernels: the ORT settings do not apply
+
+    def quantize(self, job: StaticJob) -> StaticResult:
+        return quantize_static_nncf(job.fp32, job.out, job.calib_x, job.info, job.params, job.check,
+                                    job.pool_x, job.pool_ref, job.predict)
+
+    def settings(self, p: QuantizeStaticParams, result: StaticResult) -> dict:
+        return {"preset": p.nncf.preset.value, "bias_correction": p.nncf.bias_correction.value,
+                "subset_size": result.calib_samples_used,
+                "model_type": p.nncf.model_type.value if p.nncf.model_type else None,
+                "smooth_quant_alpha": p.nncf.smooth_quant_alpha}

@@ -1,7 +1,8 @@
-"""ONNX Runtime quantization: pre-processing, the calibration reader, static and dynamic INT8.
+"""The `onnxruntime` static engine: ONNX Runtime's quantize_static with our calibration reader,
+and its recovery ladder while the accuracy drop is real.
 
-The defaults are the fast path on x86 (DESIGN.md §3): QDQ with U8 activations and S8 weights,
-per-channel, after quant_pre_process; dynamic quantization of MatMul/Gemm only.
+The defaults are the fast path on x86 (docs/design.md, "Defaults"): QDQ with U8 activations and
+S8 weights, per channel, after quant_pre_process; Gemm/MatMul only on a graph with attention.
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ from typing import Callable
 import numpy as np
 import onnx
 from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat,
-                                      QuantType, quant_pre_process, quantize_dynamic,
-                                      quantize_static)
+                                      QuantType, quantize_static)
 
 from quantpipe.criterion import Judged
 from quantpipe.data import DataInfo, normalize
-from quantpipe.errors import UserError
-from quantpipe.params import QuantizeDynamicParams, QuantizeStaticParams
+from quantpipe.engines.base import StaticJob, StaticResult
+from quantpipe.engines.graph import COMPUTE_OPS, float_compute_nodes, graph_input, preprocess_checked
+from quantpipe.schemas.quantize_static import QuantizeStaticParams
 
 log = logging.getLogger(__name__)
 
@@ -60,63 +61,6 @@ class CalibrationReader(CalibrationDataReader):
 
     def __len__(self) -> int:
         return -(-len(self.x) // self.batch_size)
-
-
-def graph_input(model: onnx.ModelProto) -> onnx.ValueInfoProto:
-    """The model's single real input (initializers listed as inputs are skipped)."""
-    initializers = {init.name for init in model.graph.initializer}
-    inputs = [i for i in model.graph.input if i.name not in initializers]
-    if len(inputs) != 1:
-        raise UserError(f"expected a model with one input, found {[i.name for i in inputs]}")
-    return inputs[0]
-
-
-def check_calibration(x: np.ndarray, info_shape: tuple[int, ...], model: onnx.ModelProto) -> None:
-    """Fail before ORT does, deep inside, when the calibration set cannot feed the model."""
-    if len(x) == 0:
-        raise UserError("data/calibration: the calibration set is empty; raise prepare.calib_size")
-    dims = [d.dim_value if d.HasField("dim_value") else None
-            for d in graph_input(model).type.tensor_type.shape.dim]
-    if tuple(x.shape[1:]) != tuple(info_shape):
-        raise UserError(f"data/calibration: samples of shape {tuple(x.shape[1:])} disagree with its "
-                        f"meta.json ({tuple(info_shape)}); re-run `dvc repro -f prepare`")
-    if len(dims) != x.ndim or any(d is not None and d != s for d, s in zip(dims[1:], x.shape[1:])):
-        raise UserError(f"data/calibration: samples of shape {tuple(x.shape[1:])} do not fit the "
-                        f"model input {dims}; re-run prepare with the model's image size/channels")
-
-
-def preprocess(model_path: Path, out_path: Path) -> bool:
-    """quant_pre_process (shape inference + fusions). Returns whether symbolic shape inference ran.
-
-    Symbolic shape inference fails on some graphs; then retry without it rather than quantize
-    an unprocessed model.
-    """
-    try:
-        quant_pre_process(str(model_path), str(out_path))
-        return True
-    except Exception as e:  # ORT raises bare Exceptions from its shape inference
-        log.warning("quant_pre_process: symbolic shape inference failed (%s); retrying without it",
-                    str(e).splitlines()[0] if str(e) else type(e).__name__)
-        quant_pre_process(str(model_path), str(out_path), skip_symbolic_shape=True)
-        return False
-
-
-def preprocess_checked(model_path: Path, out_path: Path, exclude: tuple[str, ...],
-                       key: str) -> tuple[bool, onnx.ModelProto]:
-    """preprocess(), then check that every name in `exclude` (params key `key`) is a node of
-    the pre-processed graph, the one ORT quantizes. Returns (symbolic shape inference ran, model)."""
-    symbolic = preprocess(model_path, out_path)
-    model = onnx.load(str(out_path))
-    check_nodes_exist(model, exclude, key, model_path)
-    return symbolic, model
-
-
-def check_nodes_exist(model: onnx.ModelProto, names: tuple[str, ...], key: str, where: Path) -> None:
-    """A UserError naming params key `key` when a name in `names` is no node of `model`."""
-    missing = unknown_nodes(model, names)
-    if missing:
-        raise UserError(f"{key}: no node named {missing} in {where}; its nodes are "
-                        f"{[n.name for n in model.graph.node][:30]}")
 
 
 def slow_combination_warnings(p: QuantizeStaticParams) -> list[str]:
@@ -296,24 +240,6 @@ def fallback_order(table: list[dict], already: list[str]) -> list[str]:
     return list(dict.fromkeys(r["node"] for r in rows if r["node"] not in already))
 
 
-# Compute ops whose weights ORT and NNCF quantize: "nodes in float" counts these.
-COMPUTE_OPS = {"Conv", "ConvTranspose", "Gemm", "MatMul"}
-
-
-def float_compute_nodes(model: onnx.ModelProto) -> list[str]:
-    """Conv/Gemm/MatMul nodes of a quantized model whose weight does not come through
-    DequantizeLinear, i.e. that still run in float (either engine's QDQ output)."""
-    producers = {out: node for node in model.graph.node for out in node.output}
-    initializers = {i.name for i in model.graph.initializer}
-
-    def quantized(name: str) -> bool:
-        node = producers.get(name)
-        return node is not None and node.op_type == "DequantizeLinear"
-
-    return [n.name for n in model.graph.node if n.op_type in COMPUTE_OPS and len(n.input) > 1
-            and (n.input[1] in initializers or n.input[1] in producers) and not quantized(n.input[1])]
-
-
 def with_consumers(model: onnx.ModelProto, name: str) -> list[str]:
     """`name` and the nodes that read its output (through PASSTHROUGH_OPS). ORT quantizes a
     tensor while any of its producer or consumers is quantized, so an activation whose own
@@ -488,44 +414,6 @@ def prune(best: Attempt, plain: Attempt, ends: list[str],
     return choice
 
 
-@dataclass
-class StaticResult:
-    engine: str
-    # One per quantization tried: the rung, calibration method, nodes in float and the verdict;
-    # "kept" marks the ones the ladder built on. The last kept step is the written model.
-    steps: list[dict]
-    fallback_nodes: list[str]  # nodes the fallback left in float (beyond nodes_to_exclude)
-    nodes_in_float: list[str]  # every Conv/Gemm/MatMul of the written model still in float
-    calibrate_method: str  # the calibration the written model uses
-    sensitivity: list[dict]
-    calib_samples_used: int
-    symbolic_shape_inference: bool | None
-    # The op types quantized (empty: every type ORT quantizes) and why (static_op_types).
-    op_types_to_quantize: list[str] = dataclasses.field(default_factory=list)
-    op_selection: str = ""
-
-    @property
-    def final(self) -> dict:
-        return [s for s in self.steps if s["kept"]][-1]
-
-    @property
-    def accuracy_drop_pp(self) -> float:
-        return self.final["accuracy_drop_pp"]
-
-    def tried(self) -> str:
-        """What the fallback tried, for the failure message."""
-        parts = []
-        for s in self.steps[1:]:
-            what = {"calibration": f"calibrate_method {s['calibrate_method']}",
-                    "first_last": f"first/last layers {s['nodes_in_float']} in float",
-                    "node": f"{s.get('candidate')} in float",
-                    "prune": f"{s['calibrate_method']} with {s['nodes_in_float']} in float",
-                    "accuracy_control": "nncf.quantize_with_accuracy_control "
-                                        f"({len(s['nodes_in_float'])} nodes in float)"}[s["rung"]]
-            parts.append(f"{what}: drop {s['accuracy_drop_pp']:.2f} pp")
-        return "; ".join(parts) or "nothing (max_fallback_steps = 0)"
-
-
 def quantize_static_with_fallback(fp32_path: Path, out_path: Path, calib_x: np.ndarray,
                                   info: DataInfo, p: QuantizeStaticParams,
                                   check: Callable[[Path], Judged]) -> StaticResult:
@@ -620,37 +508,21 @@ def quantize_static_with_fallback(fp32_path: Path, out_path: Path, calib_x: np.n
                         op_selection=op_selection)
 
 
-def quantize_dynamic_model(model_path: Path, out_path: Path, p: QuantizeDynamicParams) -> dict:
-    """Pre-process then dynamically quantize (weights only) the ops in p.op_types."""
-    with tempfile.TemporaryDirectory() as tmp:
-        pre = Path(tmp) / "preprocessed.onnx"
-        symbolic, pre_model = preprocess_checked(model_path, pre, p.nodes_to_exclude,
-                                                 "quantize_dynamic.nodes_to_exclude")
-        op_types, include, exclude = dynamic_selection(pre_model, p.op_types, p.nodes_to_exclude)
-        quantize_dynamic(
-            str(pre), str(out_path), op_types_to_quantize=op_types, nodes_to_quantize=include,
-            per_channel=p.per_channel, reduce_range=p.reduce_range, weight_type=p.weight_type,
-            nodes_to_exclude=exclude or None)
-    return {"symbolic_shape_inference": symbolic}
+class OnnxRuntimeStatic:
+    """quantize_static.engine: onnxruntime."""
+    name = "onnxruntime"
 
+    def warnings(self, p: QuantizeStaticParams) -> list[str]:
+        return slow_combination_warnings(p)
 
-def dynamic_selection(model: onnx.ModelProto, op_types: tuple[str, ...],
-                      exclude: tuple[str, ...]) -> tuple[list[str], list[str] | None, list[str]]:
-    """(op types, nodes to quantize or None for all, nodes to exclude) as ORT's dynamic mode
-    needs them. It rewrites every Gemm into `<name>_MatMul` + `<name>_Add` before selecting
-    nodes, so "Gemm" and Gemm node names must be spelled as those MatMuls."""
-    gemms = {n.name for n in model.graph.node if n.op_type == "Gemm"}
-    exclude_out = [f"{n}_MatMul" if n in gemms else n for n in exclude]
-    if "Gemm" not in op_types or "MatMul" in op_types:
-        return sorted({*op_types, "MatMul"} if "Gemm" in op_types else set(op_types)), None, exclude_out
-    # Gemm without MatMul: quantize the rewritten Gemms and nodes of the other listed types only.
-    others = [t for t in op_types if t != "Gemm"]
-    include = [n.name for n in model.graph.node if n.op_type in others]
-    include += [f"{g}_MatMul" for g in sorted(gemms)]
-    return sorted({*others, "MatMul"}), include, exclude_out
+    def quantize(self, job: StaticJob) -> StaticResult:
+        return quantize_static_with_fallback(job.fp32, job.out, job.calib_x, job.info, job.params,
+                                             job.check)
 
-
-def unknown_nodes(model: onnx.ModelProto, names: tuple[str, ...]) -> list[str]:
-    """Names in nodes_to_exclude that are not in the model: a typo would silently do nothing."""
-    present = {node.name for node in model.graph.node}
-    return [n for n in names if n not in present]
+    def settings(self, p: QuantizeStaticParams, result: StaticResult) -> dict:
+        return {"quant_format": p.quant_format.name, "activation_type": p.activation_type.name,
+                "weight_type": p.weight_type.name, "per_channel": p.per_channel,
+                "reduce_range": p.reduce_range, "calibrate_method": result.calibrate_method,
+                "calib_samples": result.calib_samples_used,
+                "op_types_to_quantize": result.op_types_to_quantize,
+                "op_selection": result.op_selection}

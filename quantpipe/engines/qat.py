@@ -1,6 +1,6 @@
 """Quantization-aware training: fake quantization in the scheme the static variant runs on x86.
 
-The route (measured with torch 2.14, DESIGN.md §3): FX `prepare_qat_fx` with fake-quant ranges
+The route (measured with torch 2.14; docs/qat.md): FX `prepare_qat_fx` with fake-quant ranges
 (0, 255) for activations (U8, asymmetric) and (-128, 127) for weights (S8, symmetric, per
 output channel), the same types ORT's static quantization writes; observers start from the
 calibration set's min/max (ORT's MinMax); a short fine-tune at a low learning rate; BatchNorm

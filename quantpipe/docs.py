@@ -1,0 +1,300 @@
+"""The measured tables of README.md and docs/, rendered from the committed metrics (never typed).
+
+Each table stands between two marker lines, `<!-- generated: NAME -->` and `<!-- end: NAME -->`;
+NAME picks what renders it:
+
+- `default`: metrics/summary.json and metrics/bench/static.json (the default pipeline: all
+  cores, one thread, throughput and memory, ONNX Runtime vs OpenVINO);
+- `headline`: the short table of the README (summary.json);
+- `runtimes`: static.onnx and fp32.onnx on each engine (metrics/bench/static.json);
+- `families`: metrics/families.json (scripts/families.py);
+- `engines`: metrics/engines.json (scripts/engines.py);
+- `qat_hard`: metrics/qat_hard.json (scripts/qat_hard.py).
+
+    python -m quantpipe.docs            # rewrite every generated table (`make docs`)
+    python -m quantpipe.docs --check    # exit 1 naming the file whose tables differ (a test)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+import yaml
+
+from quantpipe.machine import describe
+from quantpipe.report import _table  # report.md's table layout
+
+# The documents that hold generated tables.
+DOCUMENTS = ("README.md", "docs/*.md")
+
+BLOCK = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end: \2 -->)", re.S)
+
+
+def _ms(value: float | None) -> str:
+    """Three significant digits, trailing zeros kept (3.00 ms, 0.0951 ms, 123 ms)."""
+    if value is None:
+        return "—"
+    return f"{value:.0f} ms" if value >= 100 else f"{value:#.3g} ms"
+
+
+def _x(value: float | None) -> str:
+    return "—" if value is None else f"x{value:.2f}"
+
+
+def _sizes(summary: dict) -> list[str]:
+    return sorted(summary["fp32"]["latency_p50_ms"], key=lambda k: int(k[2:]))
+
+
+def _latency_rows(summary: dict, names: list[str], sizes: list[str], key: str | None) -> list[list[str]]:
+    """Per variant and batch size: p50, FP32's p50 from the same interleaved rounds, and the
+    speedup (the one divided by the other). key: a by_threads key, or None for the headline."""
+    label = {"torch": "torch (eager)"}
+    rows = []
+    for v in names:
+        s = summary[v]
+        t = s if key is None else s["by_threads"][key]
+        row = [label.get(v, v) + (" (failed)" if "failed" in s else "")]
+        for k in sizes:
+            row += [_ms(t["latency_p50_ms"][k]), _ms(t.get("fp32_p50_ms", {}).get(k)),
+                    _x(t.get("speedup", {}).get(k))]
+        rows.append(row)
+    return rows
+
+
+def _latency_head(sizes: list[str]) -> list[str]:
+    return [h for k in sizes for h in (f"p50 {k}", f"FP32 p50 {k}, same rounds", f"speedup {k}")]
+
+
+# What every speedup column divides, said once under each table that has one.
+SPEEDUP_NOTE = ("speedup = FP32's p50 from the same interleaved rounds / the variant's p50. The "
+                "fp32 row's own p50 comes from its own bench, minutes earlier or later, so it "
+                "differs from the same-rounds column by the machine's drift between the two runs; "
+                "the ratio does not.")
+
+
+def headline_table(summary: dict) -> str:
+    """The README's table: accuracy, size and the largest batch at all cores and on one thread."""
+    sizes = _sizes(summary)[-1:]
+    names = [v for v in ("fp32", "dynamic", "static", "qat") if v in summary]
+    cores = summary["machine"]["cores"]
+    rows = []
+    for v, first, one in zip(names, _latency_rows(summary, names, sizes, None),
+                             _latency_rows(summary, names, sizes, "threads1")):
+        s = summary[v]
+        rows.append([first[0], f"{s['accuracy']:.3f}", f"{s['size_bytes'] / 1e6:.2f} MB",
+                     *first[1:], *one[1:]])
+    head = ["variant", "test accuracy", "size",
+            *[f"{h}, {cores} threads" for h in _latency_head(sizes)],
+            *[f"{h}, 1 thread" for h in _latency_head(sizes)]]
+    return "\n".join([f"Measured on {describe(summary['machine'])}.", "", *_table(head, rows), "",
+                      SPEEDUP_NOTE])
+
+
+def default_tables(summary: dict, static_bench: dict) -> str:
+    """The default pipeline's tables (docs/results.md)."""
+    machine = summary["machine"]
+    sizes = _sizes(summary)
+    names = [v for v in ("fp32", "dynamic", "static", "qat", "torch") if v in summary]
+    cores = machine["cores"]
+    out = [f"Measured on {describe(machine)}. {SPEEDUP_NOTE}", "",
+           f"**All cores** ({cores} intra-op threads: ORT's default and what you deploy with; "
+           "the headline of `metrics/summary.json`):", ""]
+    rows = [[first[0], f"{summary[v]['accuracy']:.3f}",
+             "—" if "accuracy_drop_pp" not in summary[v] else f"{summary[v]['accuracy_drop_pp']:.1f}",
+             "—" if "agreement" not in summary[v] else f"{summary[v]['agreement']:.3f}",
+             f"{summary[v]['size_bytes'] / 1e6:.2f} MB", *first[1:]]
+            for v, first in zip(names, _latency_rows(summary, names, sizes, None))]
+    out += _table(["variant", "accuracy", "drop (pp)", "agreement", "size", *_latency_head(sizes)], rows)
+    out += ["", "**One thread** (`by_threads.threads1`): the gain per core.", ""]
+    out += _table(["variant", *_latency_head(sizes)], _latency_rows(summary, names, sizes, "threads1"))
+    largest = sizes[-1]
+    out += ["", f"**Every core busy, and memory** (batch {largest[2:]}; a fresh process per batch "
+            "size for memory):", ""]
+    rows = []
+    for v in names:
+        s = summary[v]
+        if "throughput_ips" not in s:
+            continue
+        config = s["throughput_config"]
+        rows.append([v, f"{config['streams']} stream{'s' * (config['streams'] != 1)} x "
+                        f"{config['threads']} thread{'s' * (config['threads'] != 1)}",
+                     f"{round(s['throughput_ips'], -2):,.0f}", _x(s.get("throughput_speedup")),
+                     *[f"{s['peak_rss_mb'][k]:.0f} MB" for k in sizes], f"{s['load_ms']:.0f} ms"])
+    out += _table(["variant", "best configuration", "images/s", "vs FP32's best",
+                   *[f"peak RSS {k}" for k in sizes], "session load"], rows)
+    out += ["", *runtimes_table(static_bench, sizes, cores, machine.get("openvino", ""))]
+    return "\n".join(out)
+
+
+def runtimes_table(bench: dict, sizes: list[str], cores: int, version: str) -> list[str]:
+    """static.onnx and fp32.onnx on ONNX Runtime and OpenVINO, per batch size and thread
+    count, from one bench JSON (every figure from the same interleaved rounds); the fastest
+    INT8 cell of each row in bold."""
+    ov = bench["runtimes"].get("openvino")
+    if ov is None or "latency" not in ov:
+        return []
+    rows = []
+    for bs in reversed(sizes):
+        for count in bench["threads"]:
+            key = f"threads{count}"
+            ort, vino = bench["latency"][key][bs], ov["latency"][key][bs]
+            cells = [f"{_ms(ort['p50_ms'])} ({_x(ort['speedup'])})",
+                     f"{_ms(vino['p50_ms'])} ({_x(vino['speedup'])})"]
+            fastest = 0 if ort["p50_ms"] <= vino["p50_ms"] else 1
+            cells[fastest] = f"**{cells[fastest]}**"
+            base = ov["baseline"]["latency"][key][bs]
+            what = f"{bs[2:]}, {count} thread{'s' * (count != 1)}" + (" (all cores)" if count == cores else "")
+            rows.append([what, _ms(ort["baseline_p50_ms"]), *cells,
+                         f"{_ms(base['p50_ms'])} ({_x(base['speedup'])})"])
+    ips = lambda t: f"{round(t['best']['ips'], -2):,.0f} img/s"  # noqa: E731
+    cells = [f"{ips(bench['throughput'])} ({_x(bench['throughput']['speedup'])})",
+             f"{ips(ov['throughput'])} ({_x(ov['throughput']['speedup'])})"]
+    fastest = 0 if bench["throughput"]["best"]["ips"] >= ov["throughput"]["best"]["ips"] else 1
+    cells[fastest] = f"**{cells[fastest]}**"
+    rows.append([f"throughput, {bench['throughput']['batch_size']}, {cores} cores",
+                 f"{round(bench['throughput']['baseline_best']['ips'], -2):,.0f} img/s", *cells,
+                 f"{ips(ov['baseline']['throughput'])} ({_x(ov['baseline']['throughput']['speedup'])})"])
+    return ["**Which engine** (`bench.runtimes`: the same `.onnx` files on ONNX Runtime and "
+            f"OpenVINO {version}, timed in the same rounds; speedups against FP32 on ONNX "
+            "Runtime from those rounds):", "",
+            *_table(["batch, threads", "FP32, ONNX Runtime", "static, ONNX Runtime",
+                     "static, OpenVINO", "FP32, OpenVINO"], rows)]
+
+
+# Why a variant failed, in a table cell: the rule, not the whole message.
+FAILED_SHORT = (("agreement_floor", "agreement floor"), ("differs from the fake-quant", "export parity"),
+                ("McNemar", "real drop"))
+
+
+# Why a variant was skipped, in a table cell (metrics/families.json has the whole line).
+SKIPPED_SHORT = (("TorchScript exporter cannot write", "skipped: the TorchScript exporter cannot "
+                  "write it as QDQ"), ("torch.fx cannot trace", "skipped: torch.fx cannot trace it"))
+
+
+def _cell(v: dict, *, parity: bool = False) -> str:
+    """'acc (agreement) xSPEED', or why there is none; a failed variant says which check."""
+    if "accuracy" not in v:
+        reason = v.get("skipped") or ""
+        detail = re.search(r"ONNX export of operator (\w+)", reason)
+        return next((short + (f" ({detail.group(1)})" if detail else "")
+                     for key, short in SKIPPED_SHORT if key in reason), "skipped" if reason else "")
+    text = f"{v['accuracy']:.3f} ({v['agreement']:.3f}) x{v['speedup']:.2f}"
+    if parity and "parity_agreement" in v:
+        text += f", parity {v['parity_agreement']:.3f}"
+    if "failed" in v:
+        rule = next((short for key, short in FAILED_SHORT if key in v["failed"]), "check")
+        text += f" **failed: {rule}**"
+    return text
+
+
+def families_table(families: dict) -> str:
+    """metrics/families.json (scripts/families.py) as a table: a row per model."""
+    rows = families["rows"]
+    batch = max(yaml.safe_load(str(families["settings"]["bench.batch_sizes"])))
+    out = [f"| family | model | px | fp32 acc | static: acc (agreement) x bs{batch} | "
+           f"qat: acc (agreement) x bs{batch}, export parity | dynamic: acc (agreement) x bs{batch} | "
+           f"`recommended` bs{batch} | min |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["result"] != "ok":
+            out.append(f"| {r['family']} | {r['model']} | {r['image_size']} | {r['result']} "
+                       f"| | | | | {r['seconds'] / 60:.1f} |")
+            continue
+        rec = r["recommended"]
+        engine = {"onnxruntime": "ORT", "openvino": "OpenVINO"}.get(rec["runtime"], rec["runtime"])
+        where = "" if rec["variant"] == "fp32" else f", {engine} x{rec['speedup']:.2f}"
+        out.append(f"| {r['family']} | {r['model']} | {r['image_size']} | {r['fp32_accuracy']:.3f} | "
+                   f"{_cell(r['static'])} | {_cell(r['qat'], parity=True)} | {_cell(r['dynamic'])} | "
+                   f"{rec['variant']}{where} | {r['seconds'] / 60:.1f} |")
+    return "\n".join(out)
+
+
+def engines_table(rows: list[dict]) -> str:
+    """metrics/engines.json (scripts/engines.py): each case on each engine, with and without its
+    fallback."""
+    lines = ["| case | engine | fallback | test acc | drop pp | agreement | flips (lost/won) | "
+             "nodes in float | static speedup (all cores / 1 thread) | seconds |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        one = f"{r['speedup_1thread']:.2f}" if r["speedup_1thread"] else "-"
+        lines.append(
+            f"| {r['case']} | {r['engine']} | {'yes' if r['fallback'] else 'no'} | "
+            f"{r['accuracy']:.4f} | {r['drop_pp']:.2f} | {r['agreement']:.4f} | "
+            f"{r['fp32_right_int8_wrong']}/{r['int8_right_fp32_wrong']} of {r['test_samples']} | "
+            f"{r['nodes_in_float']} | x{r['speedup']:.2f} / x{one} ({r['batch']}) | "
+            f"{r['quantize_seconds']:.1f} |")
+    return "\n".join(lines)
+
+
+def qat_hard_table(hard: dict) -> str:
+    """metrics/qat_hard.json (scripts/qat_hard.py): the PTQ-hard twin, PTQ plain, PTQ + ladder, QAT."""
+    table = hard["rows"]
+    lines = ["| variant | how | test acc | drop pp | flips (lost/won) | nodes in float | "
+             "speedup (all cores / 1 thread) | seconds |", "|---|---|---|---|---|---|---|---|"]
+    for r in table:
+        how = ("QAT, params.yaml settings" if r["variant"] == "qat" else
+               "PTQ + recovery ladder" if r["ladder"] else "PTQ, plain")
+        lines.append(
+            f"| {r['variant']} | {how} | {r['accuracy']:.4f} | {r['drop_pp']:.2f} | "
+            f"{r['fp32_right_int8_wrong']}/{r['int8_right_fp32_wrong']} of {r['test_samples']} | "
+            f"{r['nodes_in_float']} | x{r['speedup']:.2f} / x{r['speedup_1thread']:.2f} "
+            f"({r['batch']}) | {r['seconds']:.1f} |")
+    return "\n".join(lines)
+
+
+def render(name: str, root: Path) -> str:
+    read = lambda rel: json.loads((root / rel).read_text())  # noqa: E731
+    if name == "default":
+        return default_tables(read("metrics/summary.json"), read("metrics/bench/static.json"))
+    if name == "headline":
+        return headline_table(read("metrics/summary.json"))
+    if name == "runtimes":
+        summary = read("metrics/summary.json")
+        return "\n".join(runtimes_table(read("metrics/bench/static.json"), _sizes(summary),
+                                         summary["machine"]["cores"],
+                                         summary["machine"].get("openvino", "")))
+    if name == "families":
+        return families_table(read("metrics/families.json"))
+    if name == "engines":
+        return engines_table(read("metrics/engines.json"))
+    if name == "qat_hard":
+        return qat_hard_table(read("metrics/qat_hard.json"))
+    raise ValueError(f"unknown generated block {name!r}")
+
+
+def regenerate(text: str, root: Path) -> str:
+    """A document's text with every generated block rendered anew from root's metrics."""
+    return BLOCK.sub(lambda m: f"{m.group(1)}{render(m.group(2), root)}\n{m.group(4)}", text)
+
+
+def documents(root: Path) -> list[Path]:
+    return [p for pattern in DOCUMENTS for p in sorted(root.glob(pattern))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 when a document differs")
+    parser.add_argument("--root", type=Path, default=Path("."), help="the project (default: .)")
+    args = parser.parse_args()
+    stale = []
+    for path in documents(args.root):
+        text = path.read_text()
+        new = regenerate(text, args.root)
+        if new != text:
+            stale.append(path)
+            if not args.check:
+                path.write_text(new)
+    if args.check and stale:
+        print(f"{stale[0]}: its tables differ from metrics/; run `make docs` and commit it",
+              file=sys.stderr)
+        return 1
+    for path in stale:
+        print(f"rewrote the tables of {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""The interface every inference engine implements, and the parity check that decides whether
+an engine's numbers are trusted.
+
+One engine is the reference (quantpipe.runtimes.registry.REFERENCE): the pipeline's accuracy,
+the summary's latency/speedup keys and every parity check are its. Another engine is timed
+beside it and is trusted only after its outputs on the test split agree with the reference's
+(parity()).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import numpy as np
+
+from quantpipe.criterion import compare
+from quantpipe.errors import UserError
+
+# A batch (N, C, S, S) float32 -> the model's first output, logits (N, classes).
+Runner = Callable[[np.ndarray], np.ndarray]
+
+
+class RuntimeUnavailable(UserError):
+    """An engine cannot run a model (cannot read an op, cannot compile, fails a run); str() is
+    one line naming the model and saying why. check() records it for a non-reference engine and the stage goes on;
+    raised anywhere else (a run failing mid-benchmark) it stops the stage in that one line."""
+
+
+class Runtime(Protocol):
+    """An engine. Constructed as Engine(level) (level: ONNX Runtime's graph optimization level,
+    runtime.graph_optimization_level; an engine that optimizes its own way ignores it)."""
+    name: str   # its key in bench.runtimes and in the metrics
+    title: str  # how reports spell it
+
+    def version(self) -> str: ...
+
+    def settings(self, path, cores: int) -> dict:
+        """The engine options the runners of model `path` are made with on `cores` cores,
+        recorded beside the timings."""
+
+    def runner(self, path, threads: int) -> Runner:
+        """One request at a time with `threads` threads: the latency configuration."""
+
+    def pool(self, path, streams: int, threads: int) -> list[Runner]:
+        """`streams` runners meant to run concurrently, one per thread, `threads` threads each:
+        the throughput configuration."""
+
+
+@dataclass(frozen=True)
+class Parity:
+    """One engine's outputs against the reference engine's on the same model and samples."""
+    samples: int
+    agreement: float       # share of samples whose top-1 class equals the reference's
+    max_abs_diff: float    # logit units
+    mean_abs_diff: float
+    accuracy: float | None  # against the labels, when given
+    min_agreement: float
+    finite: bool
+
+    @property
+    def passed(self) -> bool:
+        return self.finite and self.agreement >= self.min_agreement
+
+    def failure(self, reference: str) -> str | None:
+        """Why this engine's numbers cannot be trusted, or None."""
+        if not self.finite:
+            return f"it returned non-finite logits where {reference} did not"
+        if not self.passed:
+            return (f"its top-1 agrees with {reference}'s on {self.agreement:.2%} of "
+                    f"{self.samples} test samples (max logit difference {self.max_abs_diff:.3g}), "
+                    f"below bench.min_runtime_agreement = {self.min_agreement}")
+        return None
+
+    def as_dict(self) -> dict:
+        out = {"samples": self.samples, "agreement": self.agreement,
+               "max_abs_diff": self.max_abs_diff, "mean_abs_diff": self.mean_abs_diff,
+               "min_agreement": self.min_agreement, "passed": self.passed}
+        if self.accuracy is not None:
+            out["accuracy"] = self.accuracy
+        return out
+
+
+def parity(reference: Runner, candidate: Runner, x: np.ndarray, y: np.ndarray | None, *,
+           batch_size: int, min_agreement: float, label: str = "the candidate",
+           reference_title: str = "the reference") -> Parity:
+    """Run both engines over x (N, C, S, S) in batches of batch_size and compare their logits.
+    label names the candidate (model and engine) in the error for outputs of another shape."""
+    ref = np.concatenate([reference(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
+    out = np.concatenate([candidate(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
+    if out.shape != ref.shape:
+        raise RuntimeUnavailable(f"{label}: its output has shape {out.shape}, "
+                                 f"{reference_title}'s {ref.shape}")
+    finite = bool(np.isfinite(out).all() or not np.isfinite(ref).all())
+    diff = np.abs(out.astype(np.float64) - ref.astype(np.float64))
+    diff = diff[np.isfinite(diff)]  # a non-finite output fails through `finite`, not a NaN here
+    pred = out.argmax(1)
+    return Parity(samples=len(x), agreement=compare(pred, ref.argmax(1)).agreement,
+                  max_abs_diff=round(float(diff.max()) if diff.size else 0.0, 6),
+                  mean_abs_diff=round(float(diff.mean()) if diff.size else 0.0, 6),
+                  accuracy=None if y is None else round(float((pred == y).mean()), 6),
+                  min_agreement=min_agreement, finite=finite)
+
+
+@dataclass(frozen=True)
+class Check:
+    """Whether one engine may be timed on one model, and trusted."""
+    parity: Parity | None  # None: the reference itself, or an engine that cannot run the model
+    failed: str | None     # why the engine is excluded from "best", or None
+    runs: bool             # False: it cannot run the model at all, so it is not timed
+
+
+def check(engines: dict[str, Runtime], reference: str, path, x: np.ndarray,
+          y: np.ndarray | None, *, threads: int, batch_size: int,
+          min_agreement: float) -> dict[str, Check]:
+    """Every engine on model `path`, each against engines[reference] on x (N, C, S, S): one line
+    naming the model and the reason for an engine that cannot run it or disagrees."""
+    ref_title = engines[reference].title
+    ref_runner = engines[reference].runner(path, threads)  # its errors stop the stage
+    checks = {reference: Check(parity=None, failed=None, runs=True)}
+    for name, engine in engines.items():
+        if name == reference:
+            continue
+        try:
+            result = parity(ref_runner, engine.runner(path, threads), x, y,
+                            batch_size=batch_size, min_agreement=min_agreement,
+                            label=f"{path} on {engine.title}", reference_title=ref_title)
+        except RuntimeUnavailable as e:
+            checks[name] = Check(parity=None, failed=str(e), runs=False)
+            continue
+        why = result.failure(ref_title)
+        checks[name] = Check(parity=result, failed=why and f"{path} on {engine.title}: {why}", runs=True)
+    return checks

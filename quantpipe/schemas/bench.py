@@ -1,0 +1,52 @@
+"""params.yaml `bench`: batch sizes, threads, timing rounds and the engines that run the models."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from quantpipe.params import check
+
+
+# bench.threads' word for "every physical core of the machine that measures".
+ALL_CORES = "all"
+
+
+@dataclass(frozen=True)
+class BenchParams:
+    SECTION: ClassVar[str] = "bench"
+
+    batch_sizes: tuple[int, ...] = (1, 64)
+    # Intra-op threads per ORT session: counts, or "all" (the physical cores recorded in
+    # metrics/machine.json). The first entry is the headline (summary latency_p50_ms/speedup):
+    # all cores, ORT's default and what people deploy with; 1 thread shows the per-core gain.
+    threads: tuple[int | str, ...] = (ALL_CORES, 1)
+    warmup: int = 10
+    # Timed runs per (variant, batch size, threads), split into interleaved rounds; in
+    # throughput mode, batches per configuration and round = runs // rounds.
+    runs: int = 300
+    rounds: int = 6
+    # Engines that run every variant's ONNX file, by their names in quantpipe.runtimes.registry
+    # (which checks them). onnxruntime is the reference (the summary's latency/speedup keys and
+    # every parity check are its); the others are timed beside it in the same rounds, and the
+    # summary's `best` picks the fastest engine that passed parity.
+    runtimes: tuple[str, ...] = ("onnxruntime", "openvino")
+    # Top-1 agreement with ONNX Runtime on the test split below which another engine's outputs
+    # are not trusted: its rows are marked failed and left out of `best`. Two engines' kernels
+    # round differently; 99.5% leaves room for a few borderline samples, not for a wrong op.
+    min_runtime_agreement: float = 0.995
+
+    def __post_init__(self) -> None:
+        check(bool(self.batch_sizes) and all(b >= 1 for b in self.batch_sizes),
+              "bench.batch_sizes", list(self.batch_sizes), "a non-empty list of integers >= 1")
+        check(bool(self.threads) and all(t == ALL_CORES or (isinstance(t, int) and t >= 1)
+                                         for t in self.threads),
+              "bench.threads", list(self.threads),
+              f"a non-empty list of integers >= 1 or {ALL_CORES!r} (every physical core)")
+        check(self.warmup >= 0, "bench.warmup", self.warmup, "an integer >= 0")
+        check(self.rounds >= 1, "bench.rounds", self.rounds, "an integer >= 1")
+        check(self.runs >= self.rounds, "bench.runs", self.runs, f"an integer >= bench.rounds ({self.rounds})")
+        check(bool(self.runtimes) and len(set(self.runtimes)) == len(self.runtimes),
+             "bench.runtimes", list(self.runtimes), "a non-empty list of distinct runtime names")
+        check(0 <= self.min_runtime_agreement <= 1, "bench.min_runtime_agreement",
+              self.min_runtime_agreement, "a number in [0, 1]")

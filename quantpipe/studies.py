@@ -1,0 +1,69 @@
+"""Helpers of the study scripts (scripts/engines.py, families.py, qat_hard.py) and the tests: run
+the pipeline in a clone of the project with changed params, and the synthetic inputs the
+studies share. Never imported by a stage."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from quantpipe import dvcrun
+
+# Outlier channel of the PTQ-hard case: scale and channel of the first conv (see
+# quantpipe.onnxutil.with_outlier_channel); plain ORT PTQ loses ~19 pp on it.
+HARD_SCALE, HARD_CHANNEL = 300.0, 5
+
+
+def merge(base: dict, changes: dict) -> dict:
+    out = dict(base)
+    for key, value in changes.items():
+        out[key] = merge(out.get(key, {}), value) if isinstance(value, dict) else value
+    return out
+
+
+def set_params(repo: Path, changes: dict) -> None:
+    path = repo / "params.yaml"
+    path.write_text(yaml.safe_dump(merge(yaml.safe_load(path.read_text()), changes), sort_keys=False))
+
+
+def colour_folder(root: Path, n: int = 5000, size: int = 32, seed: int = 0) -> None:
+    """n RGB PNGs in root/<digit>/: MNIST digits in a random colour on a random background."""
+    from PIL import Image
+
+    from quantpipe import data
+
+    split = data.load_mnist5k()
+    rng = np.random.default_rng(seed)
+    idx = rng.permutation(len(split.y))[:n]
+    for k, i in enumerate(idx):
+        ink = split.x[i, 0].astype(np.float32)[..., None] / 255  # (28, 28, 1)
+        fg, bg = rng.integers(0, 256, 3), rng.integers(0, 256, 3)
+        while np.abs(fg - bg).sum() < 200:  # keep the digit visible
+            fg = rng.integers(0, 256, 3)
+        rgb = (ink * fg + (1 - ink) * bg + rng.normal(0, 8, (28, 28, 3))).clip(0, 255)
+        folder = root / str(int(split.y[i]))
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rgb.astype(np.uint8)).resize((size, size), Image.BILINEAR).save(folder / f"{k}.png")
+
+
+def dvc(repo: Path, log: Path, *args: str) -> None:
+    """`dvc <args>` in repo with this interpreter's environment, output appended to log."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "DVC_NO_ANALYTICS": "1"}
+    with log.open("a") as out:
+        done = subprocess.run(dvcrun.command(list(args)), cwd=repo, stdout=out,
+                              stderr=subprocess.STDOUT, env=env)
+    if done.returncode:
+        raise SystemExit(f"dvc {' '.join(args)} failed in {repo}; see {log}")
+
+
+def repro(repo: Path, log: Path) -> float:
+    start = time.perf_counter()
+    dvc(repo, log, "repro")
+    return time.perf_counter() - start
