@@ -33,7 +33,26 @@ def export_onnx(model, input_shape: tuple[int, int, int], opset: int) -> onnx.Mo
             model, (example,), dynamo=True, external_data=False, opset_version=opset,
             input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
             dynamic_shapes=({0: batch},), verbose=False)
-    return program.model_proto
+    proto = program.model_proto
+    for nodes in [proto.graph.node, *(f.node for f in proto.functions)]:
+        _drop_stack_traces(nodes)
+    return proto
+
+
+# The dynamo exporter records each node's Python stack trace, with the absolute paths of the
+# checkout and of the environment: the same model exported in another clone got other bytes,
+# hence another hash in dvc.lock. A debugging aid only (onnxsim drops it anyway).
+STACK_TRACE = "pkg.torch.onnx.stack_trace"
+
+
+def _drop_stack_traces(nodes) -> None:
+    for node in nodes:
+        keep = [p for p in node.metadata_props if p.key != STACK_TRACE]
+        del node.metadata_props[:]
+        node.metadata_props.extend(keep)
+        for attr in node.attribute:  # If/Loop/Scan bodies
+            for graph in [attr.g, *attr.graphs] if attr.HasField("g") else attr.graphs:
+                _drop_stack_traces(graph.node)
 
 
 def load_model(path: Path | str) -> onnx.ModelProto:

@@ -72,6 +72,16 @@ def make_project(dest: Path, params: dict | None = None) -> Path:
     return dest
 
 
+def copy_project(src: Path, dest: Path) -> Path:
+    """A copy of a project repo — work tree, git, DVC cache and lock — to change freely
+    (DVC's own temporary state is left behind: the copy rebuilds it)."""
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        return {"tmp"} & set(names) if Path(folder).name == ".dvc" else set()
+
+    shutil.copytree(src, dest, symlinks=True, ignore=ignore)
+    return dest
+
+
 # The machine probe (dvc.yaml `machine`, always_changed): it runs on every `dvc repro`, and
 # only when its output changes (another machine) does anything downstream re-run.
 PROBE = "machine"
@@ -102,6 +112,15 @@ def dvc(cwd: Path, *args: str, env: dict | None = None, check: bool = True,
         pytest.fail(f"`dvc {' '.join(args)}` exited {proc.returncode}\n"
                     f"{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory) -> tuple[Path, set[str]]:
+    """One complete `dvc repro` with TINY_PARAMS per session, and the stages it ran. Modules that
+    start from a complete run take a copy (copy_project) instead of running the pipeline again;
+    never change this one."""
+    repo = make_project(tmp_path_factory.mktemp("tiny-run"), TINY_PARAMS)
+    return repo, reproduce(repo)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import TINY_PARAMS, make_project, reproduce
+from conftest import copy_project, reproduce
 from helpers import content_md5s, lock_md5s
 
 # Every cached data/model output the pipeline writes (metrics carry timings and are not compared).
@@ -14,13 +14,14 @@ OUTPUTS = ("data/prepared", "data/calibration", "models/model.pt", "models/expor
 
 
 @pytest.fixture(scope="module")
-def twice(tmp_path_factory):
-    """(lock md5s, file md5s) after a first repro and after a forced full re-run."""
-    repo = make_project(tmp_path_factory.mktemp("determinism"), TINY_PARAMS)
+def twice(tiny_run, tmp_path_factory):
+    """(lock md5s, file md5s) after a first repro (the session's) and after a forced full re-run."""
+    run, first = tiny_run
+    repo = copy_project(run, tmp_path_factory.mktemp("determinism") / "repo")
     runs = []
     for force in (False, True):
-        ran = reproduce(repo, force=force)
-        assert {"prepare", "train", "quantize_static"} <= ran  # the forced run really re-ran
+        ran = reproduce(repo, force=True) if force else first
+        assert {"prepare", "train", "quantize_static"} <= ran  # each run really ran
         files = {}
         for out in OUTPUTS:
             files.update(content_md5s(repo, out))

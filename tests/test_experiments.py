@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PROBE, ROOT, TINY_PARAMS, dvc, git, make_project, reproduce, set_params
+from conftest import PROBE, ROOT, copy_project, dvc, git, reproduce, set_params
 
 REVIEW = ROOT / "scripts" / "review.sh"
 PARETO = ROOT / "scripts" / "pareto.py"
@@ -47,10 +47,11 @@ QUEUE_TIMEOUT_S = 300
 
 
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory) -> Path:
-    """A make_project repo whose full tiny run is committed (dvc.lock, metrics) and cached."""
-    repo = make_project(tmp_path_factory.mktemp("experiments"), TINY_PARAMS)
-    assert "train" in reproduce(repo)
+def baseline(tiny_run, tmp_path_factory) -> Path:
+    """A copy of the session's full tiny run, committed (dvc.lock, metrics) and cached."""
+    run, ran = tiny_run
+    assert "train" in ran
+    repo = copy_project(run, tmp_path_factory.mktemp("experiments") / "repo")
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "Baseline run")
     assert git(repo, "status", "--porcelain") == ""

@@ -876,7 +876,9 @@ def test_a_runtime_registered_by_a_test_runs_through_the_bench(workspace, monkey
     from stages import bench, report
 
     monkeypatch.setitem(registry.RUNTIMES.classes, BasicLevelRuntime.name, BasicLevelRuntime)
-    set_params(workspace, {"bench": {"runtimes": ["onnxruntime", "ort_basic"]}})
+    # The built project's batch sizes and threads (report compares benches of one setup).
+    set_params(workspace, {"bench": {"runtimes": ["onnxruntime", "ort_basic"], "runs": 4,
+                                     "rounds": 2}})
     monkeypatch.chdir(workspace)
     bench.main(stage_command(workspace, "bench", "static")[3:])
     entry = json.loads((workspace / "metrics/bench/static.json").read_text())["runtimes"]["ort_basic"]

@@ -9,7 +9,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-from helpers import OPSET, torch_logits
+from helpers import OPSET, ROOT, torch_logits
 from quantpipe import models, onnxutil
 from quantpipe.errors import UserError
 
@@ -68,6 +68,15 @@ def test_export_matches_torch(exported, cnn, x, batch):
 def test_export_is_byte_deterministic(exported, cnn):
     again = onnxutil.export_onnx(cnn, SHAPE, OPSET)
     assert again.SerializeToString() == exported.SerializeToString()
+
+
+def test_export_does_not_depend_on_where_the_code_lives(exported):
+    """The exporter's per-node stack traces name absolute paths (of the checkout and the
+    environment); they are dropped, so another clone exports the same bytes."""
+    keys = {p.key for n in exported.graph.node for p in n.metadata_props}
+    assert onnxutil.STACK_TRACE not in keys and "pkg.torch.onnx.name_scopes" in keys
+    text = "".join(p.value for n in exported.graph.node for p in n.metadata_props)
+    assert str(ROOT) not in text and "site-packages" not in text
 
 
 def test_export_switches_the_model_to_eval():

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from dvc.repo import Repo
 
-from conftest import PROBE, TINY_PARAMS, make_project, reproduce, set_params
+from conftest import PROBE, copy_project, reproduce, set_params
 
 VARIANTS = ("fp32", "dynamic", "static", "qat")
 ALL_STAGES = {PROBE, "prepare", "train", "export", "simplify", "quantize_dynamic", "quantize_static",
@@ -27,9 +28,10 @@ def md5(path: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory) -> tuple[Path, set[str]]:
-    repo = make_project(tmp_path_factory.mktemp("pipeline"), TINY_PARAMS)
-    return repo, reproduce(repo)
+def project(tiny_run, tmp_path_factory) -> tuple[Path, set[str]]:
+    """A copy of the session's complete tiny run, and the stages that run made."""
+    run, ran = tiny_run
+    return copy_project(run, tmp_path_factory.mktemp("pipeline") / "repo"), ran
 
 
 def test_first_repro_runs_every_stage_and_writes_the_contract(project):
@@ -170,11 +172,16 @@ def out_of_date(repo: Path, edited: Path) -> set[str]:
     original = edited.read_text()
     try:
         edited.write_text(original + "# a comment\n")
-        done = subprocess.run([sys.executable, "-m", "dvc", "status", "--json"], cwd=repo, check=True,
-                              capture_output=True, text=True)
+        cwd = os.getcwd()
+        os.chdir(repo)
+        try:
+            with Repo(str(repo)) as project:  # `dvc status`, in this process
+                stale = project.status()
+        finally:
+            os.chdir(cwd)
     finally:
         edited.write_text(original)
-    return set(json.loads(done.stdout)) - {PROBE}
+    return set(stale) - {PROBE}
 
 
 def test_a_comment_in_a_schema_module_re_runs_exactly_the_stages_that_read_it(project):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PROBE, ROOT, TINY_PARAMS, dvc, git, make_project, reproduce
+from conftest import PROBE, ROOT, dvc, git, reproduce
 
 MODEL_FILES = ("model.pt", "exported.onnx", "fp32.onnx", "dynamic.onnx", "static.onnx", "qat.onnx")
 REVIEW = ROOT / "scripts" / "review.sh"
@@ -39,11 +39,11 @@ def model_hashes(repo: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def pipeline_run(tmp_path_factory) -> Path:
-    """One tiny pipeline run for the whole file; each test works on its own copy."""
-    repo = make_project(tmp_path_factory.mktemp("run"), TINY_PARAMS)
-    assert {"train", "quantize_static", "report"} <= reproduce(repo)
-    return repo
+def pipeline_run(tiny_run) -> Path:
+    """The session's tiny pipeline run; each test works on its own copy (round_trip)."""
+    run, ran = tiny_run
+    assert {"train", "quantize_static", "report"} <= ran
+    return run
 
 
 def round_trip(tmp_path: Path, run: Path, *, name: str, url: str,
