@@ -110,7 +110,7 @@ def test_family_end_to_end(family, name, size, tmp_path):
 
     # The other engine reads the same files (or says in one line why not).
     engines = registry.select(registry.RUNTIMES.names(), level=LEVEL)
-    for path in (fp32, dynamic, static):
+    for path in (fp32, dynamic_path, static):
         checks = base.check(engines, registry.REFERENCE, path, x, split.y, threads=1, batch_size=16,
                                 min_agreement=0.0)
         ov = checks["openvino"]

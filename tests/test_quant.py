@@ -1,5 +1,5 @@
-"""quantpipe.quant on a tiny two-conv + Linear CNN: calibration reader, static/dynamic INT8 graphs,
-exclusion, accuracy vs FP32, and the boundary checks."""
+"""quantpipe.engines (ort_static, dynamic, graph) on a tiny two-conv + Linear CNN: calibration
+reader, static/dynamic INT8 graphs, exclusion, accuracy vs FP32, and the boundary checks."""
 
 from __future__ import annotations
 
