@@ -59,7 +59,7 @@ def _latency_rows(summary: dict, names: list[str], sizes: list[str], key: str | 
         t = s if key is None else s["by_threads"][key]
         row = [label.get(v, v) + (" (failed)" if "failed" in s else "")]
         for k in sizes:
-            row += [_ms(t["latency_p50_ms"][k]), _ms(t.get("fp32_p50_ms", {}).get(k)),
+            row += [_ms(t["latency_p50_ms"][k]), _ms(t.get("baseline_p50_ms", {}).get(k)),
                     _x(t.get("speedup", {}).get(k))]
         rows.append(row)
     return rows

@@ -121,10 +121,10 @@ def _latency(rows_by_threads: dict[str, dict], threads: list[int], with_speedup:
         entry = {"latency_p50_ms": {bs: r["p50_ms"] for bs, r in rows.items()}}
         if with_speedup:
             # Measured against FP32 in the same interleaved rounds (see stages/bench.py):
-            # speedup = fp32_p50_ms / latency_p50_ms, FP32's median from those rounds, which
+            # speedup = baseline_p50_ms / latency_p50_ms, FP32's median from those rounds, which
             # differs from FP32's own bench by the machine's drift between the two runs.
             entry["speedup"] = {bs: r["speedup"] for bs, r in rows.items()}
-            entry["fp32_p50_ms"] = {bs: r["baseline_p50_ms"] for bs, r in rows.items()}
+            entry["baseline_p50_ms"] = {bs: r["baseline_p50_ms"] for bs, r in rows.items()}
         by_threads[f"threads{count}"] = entry
     return {**by_threads[f"threads{threads[0]}"], "by_threads": by_threads}
 

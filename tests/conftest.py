@@ -130,6 +130,10 @@ def _environment():
     os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
     os.environ["DVC_NO_ANALYTICS"] = "1"
     os.environ.pop("QUANTPIPE_DEBUG", None)
+    # Scripts run as subprocesses (scripts/sweep.py and its Dask workers) import this checkout's
+    # quantpipe whichever checkout a shared virtualenv has installed; a stage run as
+    # `python -m stages.<name>` in a copy still finds the copy's own first (its working directory).
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     yield
     os.environ.clear()
     os.environ.update(old)

@@ -366,7 +366,7 @@ def benches():
 
 FP32_KEYS = {"accuracy", "size_bytes", "latency_p50_ms", "by_threads", "throughput_ips",
              "throughput_config", "peak_rss_mb", "load_ms", "best", "runtimes"}
-QUANTIZED_KEYS = FP32_KEYS | {"accuracy_drop_pp", "agreement", "size_ratio", "speedup", "fp32_p50_ms",
+QUANTIZED_KEYS = FP32_KEYS | {"accuracy_drop_pp", "agreement", "size_ratio", "speedup", "baseline_p50_ms",
                               "throughput_speedup"}
 
 
@@ -382,7 +382,7 @@ def test_summary_has_exactly_the_contract_keys(evals, benches):
         assert set(entry["by_threads"]) == {"threads1", "threads2"}
         for row in entry["by_threads"].values():
             assert set(row) == ({"latency_p50_ms"} if variant == "fp32" else
-                                {"latency_p50_ms", "speedup", "fp32_p50_ms"})
+                                {"latency_p50_ms", "speedup", "baseline_p50_ms"})
     assert set(summary["static"]["speedup"]) == {"bs1", "bs64"}
     json.dumps(summary)
 
@@ -715,7 +715,7 @@ def test_markdown_shows_torch_in_the_latency_tables_only(evals, benches):
     torch_bench = {"accuracy": 0.98, "size_bytes": 4_000_000,
                    "latency": _bench("torch", {"bs1": 0.5, "bs64": 16.0})["latency"]}
     summary = report.build_summary(evals, benches, torch_bench)
-    assert set(summary["torch"]) == {"accuracy", "size_bytes", "latency_p50_ms", "speedup", "fp32_p50_ms", "by_threads"}
+    assert set(summary["torch"]) == {"accuracy", "size_bytes", "latency_p50_ms", "speedup", "baseline_p50_ms", "by_threads"}
     assert summary["torch"]["speedup"] == {"bs1": pytest.approx(0.4), "bs64": pytest.approx(0.5)}
     tables = _tables(report.render_markdown(summary, []))
     sections = {title: {row[0] for row in rows} for title, rows in tables.items()}

@@ -45,7 +45,7 @@ def test_first_repro_runs_every_stage_and_writes_the_contract(project):
     assert summary["runtimes"] == {"onnxruntime": "ONNX Runtime", "openvino": "OpenVINO"}
     for variant in ("dynamic", "static", "qat"):  # the speedup is the two same-rounds medians
         for bs, x in summary[variant]["speedup"].items():
-            fp32, p50 = summary[variant]["fp32_p50_ms"][bs], summary[variant]["latency_p50_ms"][bs]
+            fp32, p50 = summary[variant]["baseline_p50_ms"][bs], summary[variant]["latency_p50_ms"][bs]
             assert fp32 / p50 == pytest.approx(x, rel=1e-3), (variant, bs)
     for bs, pick in summary["recommended"].items():  # never a variant slower than FP32
         if pick["variant"] != "fp32":
@@ -60,7 +60,7 @@ def test_first_repro_runs_every_stage_and_writes_the_contract(project):
     for variant in ("dynamic", "static", "qat"):
         assert set(summary[variant]) == {"accuracy", "accuracy_drop_pp", "agreement", "size_bytes",
                                          "size_ratio", "latency_p50_ms", "speedup",
-                                         "fp32_p50_ms", "throughput_speedup"} | deploy
+                                         "baseline_p50_ms", "throughput_speedup"} | deploy
         assert set(summary[variant]["speedup"]) == {"bs1", "bs8"}
         assert set(summary[variant]["by_threads"]) == threads
         # The headline is the first entry of bench.threads: all cores.
