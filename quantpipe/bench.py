@@ -45,13 +45,34 @@ def summarize(seconds: list[float], batch_size: int) -> Latency:
                    throughput=round(batch_size / (p50 / 1e3), 1), runs=len(ms))
 
 
-def measure(runners: dict[str, Runner], x: np.ndarray, *, warmup: int, runs: int,
-            rounds: int, tick: Callable[[], None] = lambda: None) -> dict[str, Latency]:
-    """Time each runner on the same batch x; rounds alternate the order of the runners."""
-    times: dict[str, list[float]] = {name: [] for name in runners}
-    for run in runners.values():
-        for _ in range(warmup):
+def within_budget(runs: int, rounds: int, seconds_per_run: float, budget: float | None) -> int:
+    """`runs`, or fewer when they would take more than `budget` seconds in all (at least two
+    per round: a median of something)."""
+    if budget is None or seconds_per_run <= 0:
+        return runs
+    return max(2 * rounds, min(runs, int(budget / seconds_per_run)))
+
+
+def _warm(runners: list[Runner], x: np.ndarray, warmup: int) -> float:
+    """Run each runner `warmup` times (at least once); the seconds one run of each takes
+    together, from the last warm-up runs."""
+    total = 0.0
+    for run in runners:
+        for i in range(max(warmup, 1)):
+            start = time.perf_counter()
             run(x)
+            if i == max(warmup, 1) - 1:
+                total += time.perf_counter() - start
+    return total
+
+
+def measure(runners: dict[str, Runner], x: np.ndarray, *, warmup: int, runs: int,
+            rounds: int, tick: Callable[[], None] = lambda: None,
+            budget: float | None = None) -> dict[str, Latency]:
+    """Time each runner on the same batch x; rounds alternate the order of the runners.
+    budget: seconds all the timed runs may take (within_budget), None for exactly `runs`."""
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    runs = within_budget(runs, rounds, _warm(list(runners.values()), x, warmup), budget)
     names = list(runners)
     for r in range(rounds):
         per_round = runs // rounds + (r < runs % rounds)  # exactly `runs` in all
@@ -85,7 +106,7 @@ def latency_grid(runners_for: Callable[[int], dict[Hashable, Runner]], x: np.nda
             for bs in p.batch_sizes:
                 grid.setdefault(f"threads{count}", {})[f"bs{bs}"] = measure(
                     runners, batch_of(x, bs), warmup=p.warmup, runs=p.runs, rounds=p.rounds,
-                    tick=lambda: bar.update(1))
+                    tick=lambda: bar.update(1), budget=p.max_seconds)
     return grid
 
 
@@ -136,17 +157,21 @@ def stream_configs(cores: int) -> list[StreamConfig]:
 
 
 def measure_throughput(pools: dict[str, list[Runner]], x: np.ndarray, *, batches: int,
-                       warmup: int, rounds: int, tick: Callable[[], None] = lambda: None
-                       ) -> dict[str, float]:
+                       warmup: int, rounds: int, tick: Callable[[], None] = lambda: None,
+                       budget: float | None = None) -> dict[str, float]:
     """Images per second of each pool of runners (one runner per stream) on batch x.
 
-    In each round a pool's runners run concurrently, `batches` batches in all, split evenly;
-    the result is the median over rounds, whose order of pools alternates as in measure().
+    In each round a pool's runners run concurrently, `batches` batches in all, split evenly
+    (fewer when all rounds would take more than `budget` seconds, see within_budget); the
+    result is the median over rounds, whose order of pools alternates as in measure().
     """
+    # One stream of each pool gives the time per batch; its streams run in parallel.
+    per_batch = _warm([runners[0] for runners in pools.values()], x, warmup)
     for runners in pools.values():
-        for run in runners:
+        for run in runners[1:]:
             for _ in range(warmup):
                 run(x)
+    batches = within_budget(batches * rounds, rounds, per_batch, budget) // rounds
     rates: dict[str, list[float]] = {name: [] for name in pools}
     names = list(pools)
     for r in range(rounds):
@@ -179,7 +204,8 @@ def throughput_grid(pools_for: Callable[[StreamConfig], dict[Hashable, list[Runn
     with tqdm(total=len(configs) * p.rounds, desc=desc, unit="round") as bar:
         for config in configs:  # one configuration's sessions at a time: memory stays bounded
             rates = measure_throughput(pools_for(config), batch, batches=max(1, p.runs // p.rounds),
-                                       warmup=p.warmup, rounds=p.rounds, tick=lambda: bar.update(1))
+                                       warmup=p.warmup, rounds=p.rounds, tick=lambda: bar.update(1),
+                                       budget=p.max_seconds)
             for key, rate in rates.items():
                 ips.setdefault(key, {})[config] = rate
     return ips

@@ -26,13 +26,18 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".we
 @dataclass(frozen=True)
 class Split:
     x: np.ndarray  # (N, C, H, W) uint8
-    y: np.ndarray  # (N,) int64
+    # (N,) int64: the class (classification) or what the split stratifies on (detection:
+    # quantpipe.detection.data.strata).
+    y: np.ndarray
+    # Detection only: per image a float32 (n, 5) array x1, y1, x2, y2 (input pixels), class.
+    objects: tuple[np.ndarray, ...] | None = None
 
     def __len__(self) -> int:
         return len(self.y)
 
     def take(self, idx: np.ndarray) -> "Split":
-        return Split(self.x[idx], self.y[idx])
+        objects = None if self.objects is None else tuple(self.objects[i] for i in idx)
+        return Split(self.x[idx], self.y[idx], objects)
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,10 @@ class DataInfo:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     class_names: tuple[str, ...] | None = None
+    task: str = "classification"
+    # Detection: the dataset's category id of each class index (COCO's own ids for a COCO
+    # folder), as the COCO files written for the test split use them.
+    category_ids: tuple[int, ...] | None = None
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
@@ -221,13 +230,19 @@ def check_dataset(split: Split, where: str) -> int:
 
 def resize(x: np.ndarray, size: int) -> np.ndarray:
     """Resize uint8 (N, C, H, W) images to (N, C, size, size), bilinear with antialiasing."""
-    if x.shape[-2:] == (size, size):
+    return resize_to(x, size, size)
+
+
+def resize_to(x: np.ndarray, height: int, width: int) -> np.ndarray:
+    """Resize uint8 (N, C, H, W) images to (N, C, height, width), bilinear with antialiasing."""
+    if x.shape[-2:] == (height, width):
         return x
     import torch
     import torch.nn.functional as F
 
     t = torch.from_numpy(np.array(x, dtype=np.float32))
-    t = F.interpolate(t, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+    t = F.interpolate(t, size=(height, width), mode="bilinear", antialias=True,
+                      align_corners=False)
     return t.round().clamp(0, 255).to(torch.uint8).numpy()
 
 
@@ -289,10 +304,15 @@ def normalize(x: np.ndarray, info: DataInfo) -> np.ndarray:
 
 
 def save_splits(directory: Path, splits: dict[str, Split], info: DataInfo) -> None:
-    """Write <name>_x.npy, <name>_y.npy per split and meta.json into an existing directory."""
+    """Write <name>_x.npy, <name>_y.npy (and a detection split's objects) per split and
+    meta.json into an existing directory."""
+    from quantpipe.detection.data import save_objects
+
     for name, split in splits.items():
         np.save(directory / f"{name}_x.npy", np.ascontiguousarray(split.x))
         np.save(directory / f"{name}_y.npy", split.y.astype(np.int64))
+        if split.objects is not None:
+            save_objects(directory, name, split.objects)
     (directory / META_FILE).write_text(json.dumps(asdict(info), indent=2, sort_keys=True) + "\n")
 
 
@@ -300,9 +320,10 @@ def load_info(directory: Path | str) -> DataInfo:
     path = Path(directory) / META_FILE
     try:
         raw = json.loads(path.read_text())
-        names = raw.get("class_names")
+        names, ids = raw.get("class_names"), raw.get("category_ids")
         return DataInfo(**{**raw, "mean": tuple(raw["mean"]), "std": tuple(raw["std"]),
-                           "class_names": tuple(names) if names else None})
+                           "class_names": tuple(names) if names else None,
+                           "category_ids": tuple(ids) if ids else None})
     except FileNotFoundError:
         raise UserError(f"{path}: not found; run `dvc repro prepare` first") from None
     except (json.JSONDecodeError, KeyError, TypeError) as e:
@@ -332,4 +353,9 @@ def load_split(directory: Path | str, name: str) -> Split:
         except (ValueError, EOFError, OSError) as e:
             raise UserError(f"{path}: unreadable ({type(e).__name__}: {e}); "
                             "re-run `dvc repro -f prepare`") from None
-    return Split(x=arrays[0], y=arrays[1])
+    objects = None
+    if (directory / f"{name}_objects.npy").exists():
+        from quantpipe.detection.data import load_objects
+
+        objects = load_objects(directory, name)
+    return Split(x=arrays[0], y=arrays[1], objects=objects)

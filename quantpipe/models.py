@@ -21,6 +21,8 @@ from torch import nn
 from quantpipe.errors import UserError
 
 ZOO = ("simple_cnn", "mnist_net")
+# Detectors (prepare.task: detection): quantpipe's own (quantpipe.detection.model).
+DETECTORS = ("tiny_detector",)
 
 
 class SimpleCNN(nn.Module):
@@ -81,8 +83,19 @@ def onnx_source(name: str) -> Path | None:
     return path
 
 
-def check_model_name(name: str) -> None:
-    if name in ZOO or onnx_source(name):
+def check_model_name(name: str, task: str = "classification") -> None:
+    if onnx_source(name):
+        return
+    if task == "detection" or name in DETECTORS:
+        if task != "detection":
+            raise UserError(f"train.model = {name!r} is a detector; set prepare.task: detection "
+                            f"or use a classifier such as {ZOO[-1]}")
+        if name not in DETECTORS:
+            raise UserError(f"train.model = {name!r} is not a detector; with prepare.task: "
+                            f"detection use one of {list(DETECTORS)} or "
+                            f"{ONNX_PREFIX}{INPUTS_DIR}/<file>.onnx")
+        return
+    if name in ZOO:
         return
     names = torchvision_names()
     if name not in names:
@@ -99,6 +112,10 @@ def build_model(name: str, channels: int, image_size: int, num_classes: int) -> 
     """
     if name == "simple_cnn":
         return SimpleCNN(channels, image_size, num_classes)
+    if name == "tiny_detector":
+        from quantpipe.detection.model import TinyDetector
+
+        return TinyDetector(channels, image_size, num_classes)
     if name == "mnist_net":
         if image_size < 6:
             raise UserError(f"train.model = mnist_net needs prepare.image_size >= 6, got {image_size}")

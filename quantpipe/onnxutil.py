@@ -191,9 +191,13 @@ def with_dynamic_batch(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def import_onnx(path: Path, input_shape: tuple[int, int, int], num_classes: int,
-                x: np.ndarray, level: ort.GraphOptimizationLevel) -> tuple[onnx.ModelProto, dict]:
+                x: np.ndarray, level: ort.GraphOptimizationLevel,
+                check_output: Callable[[np.ndarray], None] | None = None
+                ) -> tuple[onnx.ModelProto, dict]:
     """Validate an ONNX model brought from elsewhere against the data; returns it (batch axis
-    made dynamic) and facts for metrics. x: normalized (N, C, S, S) test samples."""
+    made dynamic) and facts for metrics. x: normalized (N, C, S, S) test samples;
+    check_output(outputs) raises UserError for outputs of the wrong layout (default: a
+    classifier's (batch, num_classes) logits)."""
     model = with_dynamic_batch(load_model(path))
     blob = check_and_serialize(model, str(path))
     session = make_session(blob, level=level)
@@ -204,7 +208,9 @@ def import_onnx(path: Path, input_shape: tuple[int, int, int], num_classes: int,
     except Exception as e:  # ORT's Fail/InvalidArgument: a shape baked into the graph
         raise UserError(f"{path}: fails on a batch of {len(x)} ({type(e).__name__}: "
                         f"{str(e).splitlines()[0][:200]}); re-export it with a dynamic batch axis") from None
-    if batched.ndim != 2 or batched.shape[1] != num_classes:
+    if check_output is not None:
+        check_output(batched)
+    elif batched.ndim != 2 or batched.shape[1] != num_classes:
         raise UserError(f"{path}: output has shape {list(batched.shape)}; expected (batch, "
                         f"{num_classes}) logits for the {num_classes} classes of the data")
     if not np.isfinite(batched).all():

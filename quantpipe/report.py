@@ -10,9 +10,18 @@ from quantpipe.schemas.gates import GatesParams
 
 QUANTIZED = ("dynamic", "static", "qat")
 # Top-level summary keys that are not model rows.
-RECORDS = ("machine", "runtimes", "skipped", "recommended")
+RECORDS = ("machine", "runtimes", "skipped", "recommended", "task")
 # Below this FP32 latency (ms) per-run overhead, not arithmetic, decides INT8 vs FP32.
 TINY_MODEL_MS = 0.05
+
+
+# The task's score, its drop against FP32 and the drop's unit and gate (summary["task"]).
+SCORES = {"classification": ("accuracy", "accuracy_drop_pp", "pp", "max_accuracy_drop_pp"),
+          "detection": ("map_50_95", "map_drop_pts", "points", "max_map_drop_pts")}
+
+
+def score_keys(summary: dict) -> tuple[str, str, str, str]:
+    return SCORES[summary.get("task", "classification")]
 
 
 def build_summary(evals: dict[str, dict], benches: dict[str, dict],
@@ -31,18 +40,24 @@ def build_summary(evals: dict[str, dict], benches: dict[str, dict],
     evals = {v: ev for v, ev in evals.items() if v not in skipped}
     machine, threads = bench_setup({v: b for v, b in benches.items() if v not in skipped})
     fp32 = evals["fp32"]
-    summary: dict = {}
+    detection = "map_50_95" in fp32
+    summary: dict = {"task": "detection"} if detection else {}
     for variant, ev in evals.items():
         b = benches[variant]
-        entry = {"accuracy": ev["accuracy"], "size_bytes": ev["size_bytes"],
+        score = {k: ev[k] for k in ("map_50_95", "map_50", "map_75", "per_class_ap")} \
+            if detection else {"accuracy": ev["accuracy"]}
+        entry = {**score, "size_bytes": ev["size_bytes"],
                  **_latency(b["latency"], threads, with_speedup=variant != "fp32")}
+        if "end_to_end" in b:  # a detector's model + decode + NMS
+            entry["end_to_end"] = _latency(b["end_to_end"], threads, with_speedup=variant != "fp32")
         best = b["throughput"]["best"]
         entry.update({"throughput_ips": best["ips"],
                       "throughput_config": {"streams": best["streams"], "threads": best["threads"]},
                       "peak_rss_mb": b["memory"]["peak_rss_mb"], "load_ms": b["memory"]["load_ms"]})
         if variant != "fp32":
             entry.update({
-                "accuracy_drop_pp": round((fp32["accuracy"] - ev["accuracy"]) * 100, 4),
+                **({"map_drop_pts": ev["map_drop_pts"]} if detection else
+                   {"accuracy_drop_pp": round((fp32["accuracy"] - ev["accuracy"]) * 100, 4)}),
                 "agreement": ev["agreement"],
                 "size_ratio": round(ev["size_bytes"] / fp32["size_bytes"], 4),
                 # Each side at its own best configuration, FP32 timed in the same rounds.
@@ -55,7 +70,7 @@ def build_summary(evals: dict[str, dict], benches: dict[str, dict],
         if variant in (failed or {}):
             entry["failed"] = failed[variant]
         summary[variant] = entry
-    if torch_bench is not None:
+    if torch_bench is not None and not detection:
         # PyTorch eager vs FP32 ONNX: a speedup below 1 means the ONNX export alone is faster.
         summary["torch"] = {"accuracy": torch_bench["accuracy"], "size_bytes": torch_bench["size_bytes"],
                             **_latency(torch_bench["latency"], threads, with_speedup=True)}
@@ -136,6 +151,7 @@ def recommend(summary: dict, gates: GatesParams) -> dict[str, dict]:
     FP32 in any measurement at that batch size — every thread count on ONNX Runtime and the
     best configurations against each other. FP32 when none is; `why` says what decided it."""
     fp32 = summary["fp32"]
+    _, drop_key, unit, gate = score_keys(summary)
     recommended = {}
     for bs in fp32["latency_p50_ms"]:
         candidates, reasons = [], []
@@ -147,9 +163,8 @@ def recommend(summary: dict, gates: GatesParams) -> dict[str, dict]:
             slower = {k: v for k, v in speedups.items() if v < 1.0}
             if "failed" in entry:
                 reasons.append(f"{variant} failed its stage's check")
-            elif entry["accuracy_drop_pp"] > gates.max_accuracy_drop_pp:
-                reasons.append(f"{variant} loses {entry['accuracy_drop_pp']:.2f} pp > "
-                               f"gates.max_accuracy_drop_pp")
+            elif entry[drop_key] > getattr(gates, gate):
+                reasons.append(f"{variant} loses {entry[drop_key]:.2f} {unit} > gates.{gate}")
             elif slower:
                 reasons.append(f"{variant} is slower than FP32 ("
                                + ", ".join(f"x{v:.2f} at {k}" for k, v in slower.items()) + ")")
@@ -178,24 +193,27 @@ def _fastest_then_most_accurate(summary: dict, candidates: list[str], bs: str) -
     p50 = {v: summary[v]["best"]["latency"][bs]["p50_ms"] for v in candidates}
     fastest = min(p50, key=p50.get)
     tied = [v for v in candidates if p50[v] <= p50[fastest] * (1 + SAME_SPEED)]
-    pick = max(tied, key=lambda v: (summary[v]["accuracy"], -p50[v]))
+    key = score_keys(summary)[0]
+    pick = max(tied, key=lambda v: (summary[v][key], -p50[v]))
     among = ("of the variants within the accuracy gate and faster than FP32 everywhere ("
              + ", ".join(candidates) + ")")
     if pick == fastest:
         return pick, f"the fastest {among}"
     return pick, (f"as fast as {fastest} (within {SAME_SPEED:.0%}) and more accurate "
-                  f"({summary[pick]['accuracy']:.4f} vs {summary[fastest]['accuracy']:.4f}), {among}")
+                  f"({summary[pick][key]:.4f} vs {summary[fastest][key]:.4f}), {among}")
 
 
 def check_gates(summary: dict, gates: GatesParams) -> list[str]:
     """Human-readable gate failures; empty when all gates hold."""
     failures = [f"{variant} failed: {summary[variant]['failed']}" for variant in quantized_of(summary)
                 if "failed" in summary[variant]]
+    _, drop_key, unit, gate = score_keys(summary)
     for variant in quantized_of(summary):
-        drop = summary[variant]["accuracy_drop_pp"]
-        if drop > gates.max_accuracy_drop_pp:
-            failures.append(f"{variant} accuracy drop {drop:.2f} pp > gates.max_accuracy_drop_pp "
-                            f"= {gates.max_accuracy_drop_pp}")
+        drop = summary[variant][drop_key]
+        if drop > getattr(gates, gate):
+            failures.append(f"{variant} {'mAP' if unit == 'points' else 'accuracy'} drop "
+                            f"{drop:.2f} {unit} > gates.{gate} = {getattr(gates, gate)}"
+                            + (f"; {DETECTION_INVESTIGATION}" if unit == "points" else ""))
     speedups = summary["static"]["speedup"]
     largest = max(speedups, key=lambda k: int(k[2:]))
     if speedups[largest] < gates.min_static_speedup:
@@ -209,6 +227,25 @@ def check_gates(summary: dict, gates: GatesParams) -> list[str]:
                 failures.append(f"{variant} peak RSS {peaks[worst]:.1f} MB at {worst} > "
                                 f"gates.max_peak_rss_mb = {gates.max_peak_rss_mb}")
     return failures
+
+
+# The guides' order of investigation when a detector loses more than the tolerance.
+DETECTION_INVESTIGATION = (
+    "investigate in this order: calibration data that does not match the test distribution "
+    "(prepare.calib_size, the calibration warning in metrics/quantize_static.json), "
+    "quantize_static.per_channel, the first/last layers in float "
+    "(quantize_static.nodes_to_exclude), then QAT")
+
+
+def tolerance_notes(summary: dict, gates: GatesParams) -> list[str]:
+    """Detection's tolerance table: a drop between gates.warn_map_drop_pts and the gate passes
+    with a warning (report.md)."""
+    if summary.get("task") != "detection":
+        return []
+    return [f"{v} loses {summary[v]['map_drop_pts']:.2f} points of mAP@[.5:.95]: acceptable "
+            f"(between {gates.warn_map_drop_pts} and {gates.max_map_drop_pts}), but check it; "
+            f"{DETECTION_INVESTIGATION}" for v in quantized_of(summary)
+            if gates.warn_map_drop_pts < summary[v]["map_drop_pts"] <= gates.max_map_drop_pts]
 
 
 def slowdown_notes(summary: dict, evals: dict[str, dict], machine: dict,
@@ -342,8 +379,8 @@ def _recommendation(summary: dict, notes: list[str]) -> list[str]:
         lines.append(f"- **{bs}: ship `{r['variant']}`** ({where}, {r['p50_ms']:.3f} ms{gain}): "
                      f"{r['why']}.")
     if lines:
-        lines = ["**Recommended** (by latency, within `gates.max_accuracy_drop_pp`, never slower "
-                 "than FP32):", "", *lines]
+        lines = [f"**Recommended** (by latency, within `gates.{score_keys(summary)[3]}`, never "
+                 "slower than FP32):", "", *lines]
     failed = {v: summary[v]["failed"] for v in quantized_of(summary) if "failed" in summary[v]}
     if failed:
         lines += ["", "**Failed** (measured below, left out of the recommendation; the gates "
@@ -366,16 +403,26 @@ def _table(head: list[str], body: list[list[str]]) -> list[str]:
 
 
 def _headline_table(rows: dict[str, dict], sizes: list[str]) -> list[str]:
-    head = ["variant", "accuracy", "drop (pp)", "agreement", "size (MB)", "size ratio"]
+    detection = "map_50_95" in rows["fp32"]
+    head = (["variant", "mAP@[.5:.95]", "mAP@.5", "drop (points)", "detection agreement"]
+            if detection else ["variant", "accuracy", "drop (pp)", "agreement"])
+    head += ["size (MB)", "size ratio"]
     head += [f"p50 {k} (ms)" for k in sizes] + [f"speedup {k}" for k in sizes]
+    if detection:
+        head += [f"end to end speedup {k}" for k in sizes]
     body = []
     for variant, s in rows.items():
         name = f"{variant} (failed)" if "failed" in s else variant
-        cells = [name, f"{s['accuracy']:.4f}", _fmt(s.get("accuracy_drop_pp"), ".2f"),
-                 _fmt(s.get("agreement"), ".4f"), f"{s['size_bytes'] / 1e6:.2f}",
-                 _fmt(s.get("size_ratio"), ".3f")]
+        cells = [name, f"{s['map_50_95']:.4f}", f"{s['map_50']:.4f}",
+                 _fmt(s.get("map_drop_pts"), ".2f")] if detection else \
+            [name, f"{s['accuracy']:.4f}", _fmt(s.get("accuracy_drop_pp"), ".2f")]
+        cells += [_fmt(s.get("agreement"), ".4f"), f"{s['size_bytes'] / 1e6:.2f}",
+                  _fmt(s.get("size_ratio"), ".3f")]
         cells += [_fmt(s["latency_p50_ms"].get(k), ".3f") for k in sizes]
         cells += [_fmt(s.get("speedup", {}).get(k), ".2f", prefix="x") for k in sizes]
+        if detection:
+            cells += [_fmt(s["end_to_end"].get("speedup", {}).get(k), ".2f", prefix="x")
+                      for k in sizes]
         body.append(cells)
     return _table(head, body)
 
@@ -389,17 +436,20 @@ ROUTES = (("torch", "FP32 PyTorch", "models/model.pt"), ("fp32", "FP32 ONNX", "m
 
 def _routes_section(summary: dict, sizes: list[str]) -> list[str]:
     largest = sizes[-1]
-    head = ["model", "file", "accuracy", "size (MB)"] + [f"p50 {k} (ms)" for k in sizes] + \
+    score = score_keys(summary)[0]
+    head = ["model", "file", score, "size (MB)"] + [f"p50 {k} (ms)" for k in sizes] + \
         [f"speed vs FP32 ONNX, {largest}"]
     body, missing = [], []
     for key, title, path in ROUTES:
         s = summary.get(key)
         if s is None:
             why = summary.get("skipped", {}).get(key, "no PyTorch model (brought as ONNX)")
+            if key == "torch" and summary.get("task") == "detection":
+                why = "a detector's PyTorch latency is not benched (its mAP is FP32 ONNX's)"
             missing.append(f"{title}: {why}.")
             continue
         speed = 1.0 if key == "fp32" else s["speedup"][largest]
-        body.append([title, f"`{path}`", f"{s['accuracy']:.4f}", f"{s['size_bytes'] / 1e6:.2f}"]
+        body.append([title, f"`{path}`", f"{s[score]:.4f}", f"{s['size_bytes'] / 1e6:.2f}"]
                     + [_fmt(s["latency_p50_ms"].get(k), ".3f") for k in sizes] + [f"x{speed:.2f}"])
     return ["## FP32 PyTorch, FP32 ONNX, INT8 PTQ, INT8 QAT", "", *_table(head, body),
             *(["", *[f"- {m}" for m in missing]] if missing else [])]
@@ -459,10 +509,10 @@ def _engines_section(rows: dict[str, dict], sizes: list[str], threads: int,
         fastest.append(_fastest_line(variant, s["best"], sizes, titles))
     return [f"## Engines: the same files on each runtime ({threads} thread(s))", "",
             *_table(head, body), "",
-            f"Another engine is trusted when its top-1 class agrees with {ref_title}'s on the test "
-            f"split (bench.min_runtime_agreement); speedups are against FP32 on {ref_title} in "
-            "the same interleaved rounds. Fastest trusted engine and setting, against the fastest "
-            "FP32 one (every thread count and stream configuration benched):", "",
+            f"Another engine is trusted when its predictions (top-1 class; a detector's matched "
+            f"detections) agree with {ref_title}'s on the test split (bench.min_runtime_agreement); "
+            f"speedups are against FP32 on {ref_title} in the same interleaved rounds. Fastest "
+            "trusted engine and setting, against the fastest FP32 one (every thread count and stream configuration benched):", "",
             *[f"- {line}" for line in fastest + left_out]]
 
 

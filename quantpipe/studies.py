@@ -52,6 +52,19 @@ def colour_folder(root: Path, n: int = 5000, size: int = 32, seed: int = 0) -> N
         Image.fromarray(rgb.astype(np.uint8)).resize((size, size), Image.BILINEAR).save(folder / f"{k}.png")
 
 
+def clone(root: Path, workdir: Path) -> tuple[Path, Path]:
+    """A fresh `git clone` of root at workdir/repo (its own DVC cache: a study's runs never
+    reach the project's run cache) and the log file for its DVC runs."""
+    import shutil
+
+    repo = workdir / "repo"
+    if repo.exists():
+        shutil.rmtree(repo)
+    workdir.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["git", "clone", "-q", str(root), str(repo)], check=True)
+    return repo, workdir / "repro.log"
+
+
 def dvc(repo: Path, log: Path, *args: str) -> None:
     """`dvc <args>` in repo with this interpreter's environment, output appended to log."""
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",

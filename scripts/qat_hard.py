@@ -24,15 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import subprocess
 from pathlib import Path
 
 import yaml
 
 from quantpipe.docs import qat_hard_table
 from quantpipe.io import write_json
-from quantpipe.studies import HARD_CHANNEL, HARD_SCALE, dvc, repro, set_params
+from quantpipe.studies import HARD_CHANNEL, HARD_SCALE, clone, dvc, repro, set_params
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -86,14 +84,9 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/quantpipe-qat-hard"))
     parser.add_argument("-o", "--output", type=Path, default=ROOT / "metrics/qat_hard.json")
     args = parser.parse_args()
-    repo = args.workdir / "repo"
-    if repo.exists():
-        shutil.rmtree(repo)
-    args.workdir.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["git", "clone", "-q", str(ROOT), str(repo)], check=True)
+    repo, log = clone(ROOT, args.workdir)
     # Its own DVC cache: `dvc commit -f train` records the twin as train's output in the run
     # cache, which a shared cache would hand to this repository's next `dvc repro`.
-    log = args.workdir / "repro.log"
     steps = yaml.safe_load((ROOT / "params.yaml").read_text())["quantize_static"]["max_fallback_steps"]
     set_params(repo, {"quantize_static": {"max_fallback_steps": 0, "allow_accuracy_drop": True},
                       "gates": {"enforce": False}})

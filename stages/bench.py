@@ -22,6 +22,7 @@ from quantpipe.errors import UserError
 from quantpipe.io import run_stage, skipped_model, stage_args, write_json
 from quantpipe.runtimes import base, registry, timing
 from quantpipe.schemas.bench import BenchParams
+from quantpipe.schemas.detect import DetectParams
 from quantpipe.schemas.runtime import RuntimeParams
 
 PROFILE_RUNS = 20  # profiled runs at the largest batch: enough for a stable per-node median
@@ -51,14 +52,35 @@ def main(argv: list[str]) -> None:
     for path in models.values():  # a bad model fails in one line, before the progress bar
         onnxutil.check_input_matches(onnxutil.make_session(path, level=level), info.input_shape,
                                      str(path))
-    checks = {model: base.check(engines, registry.REFERENCE, path, x, test.y, threads=threads[0],
-                                batch_size=max(p.batch_sizes), min_agreement=p.min_runtime_agreement)
+    detection = info.task == "detection"
+    if detection:
+        from quantpipe.detection import post, task
+
+        d = params.load(DetectParams)
+        # Engines agree when their detections pair up (same label, IoU >= 0.5), both ways.
+        agree = {"agree": lambda ref, out: task.agreement(out, ref, d).agreement}
+    checks = {model: base.check(engines, registry.REFERENCE, path, x,
+                                None if detection else test.y, threads=threads[0],
+                                batch_size=max(p.batch_sizes), min_agreement=p.min_runtime_agreement,
+                                **(agree if detection else {}))
               for model, path in models.items()}
 
     print(f"bench {variant}: on {machines.describe(machine)}; engines: "
           + ", ".join(f"{name} {engine.version()}" for name, engine in engines.items()))
     timings = timing.time_engines(engines, registry.REFERENCE, models, checks, variant, x, threads,
                                   machine["cores"], p)
+    if detection:
+        # What an application waits for: the model, then decode + NMS (the same code for every
+        # variant), on the reference engine, interleaved with FP32's the same way.
+        reference = engines[registry.REFERENCE]
+
+        def end_to_end(path, count):
+            run = reference.runner(path, count)
+            return lambda batch: post.decode(run(batch), **d.decode_args())
+
+        timings["end_to_end"] = bench.latency_table(
+            lambda count: {name: end_to_end(path, count) for name, path in models.items()},
+            variant, x, threads, p, desc=f"bench {variant} end to end")
     memory = bench.memory_profile(models[variant], info.input_shape, p.batch_sizes,
                                   threads=threads[0], level_name=level.name)
     # Profiling slows every run a little, so it is a separate session after the timed rounds.

@@ -13,8 +13,15 @@ from quantpipe.schemas.train import TrainParams
 
 def main(argv: list[str]) -> None:
     args = stage_args("bench_torch", argv, "model", "fp32", "data", "machine", "metrics")
-    p, name = params.load(BenchParams), params.load(TrainParams).model
+    info = data.load_info(args.data)
+    p, name = params.load(BenchParams), params.load(TrainParams).for_task(info.task).model
     level = params.load(RuntimeParams).graph_optimization_level
+    if info.task == "detection":
+        # The eager baseline is a classifier's comparison (its accuracy is argmax of logits);
+        # a detector's FP32 reference is its ONNX export, parity-checked on detections.
+        write_json(args.metrics, {"variant": "torch", "skipped": "not benched for a detector"})
+        print("bench torch: skipped for a detector")
+        return
     if models.onnx_source(name):
         write_json(args.metrics, {
             "variant": "torch", "skipped": f"no PyTorch model: train.model is {name}"})
@@ -22,7 +29,6 @@ def main(argv: list[str]) -> None:
         return
     machine = machines.load(args.machine)
     threads = bench.resolve_threads(p.threads, machine["cores"])
-    info = data.load_info(args.data)
     test = data.load_split(args.data, "test")
     x = data.normalize(test.x, info)
     model = models.build_model(name, info.channels, info.image_size, info.num_classes)

@@ -5,6 +5,7 @@ from quantpipe import criterion, data, evaluate, onnxutil, params
 from quantpipe import machine as machines
 from quantpipe.errors import UserError
 from quantpipe.io import run_stage, skipped_model, stage_args, write_json
+from quantpipe.schemas.detect import DetectParams
 from quantpipe.schemas.evaluate import EvaluateParams
 from quantpipe.schemas.runtime import RuntimeParams
 
@@ -13,7 +14,7 @@ ODD_BATCH = 7
 
 def main(argv: list[str]) -> None:
     args = stage_args("evaluate", argv, "model", "fp32", "data", "machine", "metrics", "confusion",
-                      variant=True)
+                      "detections", variant=True)
     variant, path, fp32_path = args.variant, args.model, args.fp32
     p = params.load(EvaluateParams)
     level = params.load(RuntimeParams).graph_optimization_level
@@ -21,6 +22,7 @@ def main(argv: list[str]) -> None:
     if skipped:
         write_json(args.metrics, {"variant": variant, "skipped": skipped})
         write_json(args.confusion, [])
+        write_json(args.detections, [])
         print(f"evaluate {variant}: skipped, {skipped}")
         return
     model = onnxutil.load_model(path)
@@ -49,23 +51,45 @@ def main(argv: list[str]) -> None:
     # Agreement on a larger pool that needs no labels: train images, evenly spaced.
     train_x = data.load_split(args.data, "train").x
     pool_x = data.normalize(train_x[criterion.pool_indices(len(train_x))], info)
-    pool_pred = onnxutil.run_batched(session, pool_x, p.batch_size).argmax(1)
-    pool_ref = pool_pred if variant == "fp32" else \
-        onnxutil.run_batched(fp32_session, pool_x, p.batch_size).argmax(1)
-    pool = criterion.compare(pool_pred, pool_ref)
+    pool_out = onnxutil.run_batched(session, pool_x, p.batch_size)
+    pool_ref = pool_out if variant == "fp32" else onnxutil.run_batched(fp32_session, pool_x,
+                                                                        p.batch_size)
+    if info.task == "detection":
+        from quantpipe.detection import task
+
+        d = params.load(DetectParams)
+        task.check_output(logits, info, str(path))
+        scores, results = task.scored(logits, test, info, d)
+        fp32_scores = scores if variant == "fp32" else task.scored(ref, test, info, d)[0]
+        quality = {**scores, "samples": len(test), "fp32_map_50_95": fp32_scores["map_50_95"],
+                   "map_drop_pts": round((fp32_scores["map_50_95"] - scores["map_50_95"]) * 100, 4),
+                   **task.agreement(logits, ref, d).as_dict(),
+                   "max_abs_output_error": round(float(abs(logits - ref).max()), 6)}
+        pool = task.agreement(pool_out, pool_ref, d).as_dict()
+        pool = {"samples": len(pool_x), **pool}
+        summary = (f"mAP@[.5:.95] {scores['map_50_95']:.4f} (drop {quality['map_drop_pts']:.2f} "
+                   f"points), mAP@.5 {scores['map_50']:.4f}, detection agreement with fp32 "
+                   f"{quality['agreement']:.4f} (pool of {len(pool_x)}: {pool['agreement']:.4f})")
+    else:
+        results = []
+        quality = evaluate.accuracy_metrics(logits, ref, test.y, info.num_classes)
+        pool = criterion.compare(pool_out.argmax(1), pool_ref.argmax(1)).as_dict()
+        summary = (f"accuracy {quality['accuracy']:.4f}, agreement with fp32 "
+                   f"{quality['agreement']:.4f} (flips {quality['fp32_right_int8_wrong']} lost, "
+                   f"{quality['int8_right_fp32_wrong']} won; pool of {pool['samples']}: "
+                   f"{pool['agreement']:.4f})")
     metrics = {
-        "variant": variant, **evaluate.accuracy_metrics(logits, ref, test.y, info.num_classes),
-        "pool": pool.as_dict(),
+        "variant": variant, **quality, "pool": pool,
         "size_bytes": path.stat().st_size, "ops": onnxutil.op_counts(model),
         "graph_optimization_level": level.name,
         "edge_checks": {c.name: {"ok": c.ok, "detail": c.detail} for c in checks}}
     write_json(args.metrics, metrics)
-    write_json(args.confusion,
+    # Detection: the COCO results the mAP above was scored from, to re-score against
+    # data/prepared/test_annotations.json with any COCO tool.
+    write_json(args.detections, results)
+    write_json(args.confusion, [] if info.task == "detection" else
                evaluate.confusion_rows(test.y, logits.argmax(1)))
-    print(f"evaluate {variant}: accuracy {metrics['accuracy']:.4f}, agreement with fp32 "
-          f"{metrics['agreement']:.4f} (flips {metrics['fp32_right_int8_wrong']} lost, "
-          f"{metrics['int8_right_fp32_wrong']} won; pool of {pool.samples}: {pool.agreement:.4f}), "
-          f"{len(checks)} edge checks passed")
+    print(f"evaluate {variant}: {summary}, {len(checks)} edge checks passed")
 
 
 if __name__ == "__main__":

@@ -17,12 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
-from quantpipe import criterion, data, onnxutil, params
+from quantpipe import criterion, data, onnxutil, params, representative
 from quantpipe.engines import registry
 from quantpipe.engines.base import StaticJob
 from quantpipe.engines.graph import check_calibration
 from quantpipe.errors import UserError
 from quantpipe.io import atomic_path, run_stage, stage_args, write_json
+from quantpipe.schemas.detect import DetectParams
 from quantpipe.schemas.prepare import PrepareParams
 from quantpipe.schemas.quantize_static import QuantizeStaticParams
 from quantpipe.schemas.runtime import RuntimeParams
@@ -55,33 +56,69 @@ def main(argv: list[str]) -> None:
     warnings = engine.warnings(p)
     for w in warnings:
         logging.warning("quantize_static: %s", w)
+    detection = prepared_info.task == "detection"
     one_image = criterion.one_image_pp(len(val.y))
-    coarse = criterion.coarse_split_warning(len(val.y), p.max_accuracy_drop_pp,
-                                            params.load(PrepareParams).val_fraction)
+    coarse = None if detection else criterion.coarse_split_warning(
+        len(val.y), p.max_accuracy_drop_pp, params.load(PrepareParams).val_fraction)
     if coarse:
         logging.warning("quantize_static: %s", coarse)
 
-    def predict(model: Path | bytes, *images: np.ndarray) -> list[np.ndarray]:
-        """(N,) top-1 classes on each of `images`, from one session."""
+    def outputs(model: Path | bytes, *images: np.ndarray) -> list[np.ndarray]:
+        """The model's raw outputs on each of `images`, from one session."""
         session = onnxutil.make_session(model, level=level)
-        return [onnxutil.run_batched(session, x).argmax(1) for x in images]
+        return [onnxutil.run_batched(session, x) for x in images]
 
-    ref_val, ref_pool = predict(args.fp32, val_x, pool_x)
-    fp32_val_accuracy = float((ref_val == val.y).mean())
+    if detection:
+        from quantpipe.detection import task
 
-    def check(model_path: Path) -> criterion.Judged:
-        """One candidate against FP32 on val and pool, and the verdict."""
-        return criterion.assess(*predict(model_path, val_x, pool_x), ref_val, ref_pool, val.y,
-                                max_drop_pp=p.max_accuracy_drop_pp, significance=p.significance,
-                                min_pool_agreement=p.min_pool_agreement,
-                                agreement_floor=p.agreement_floor)
+        d = params.load(DetectParams)
+        ref_val_out, ref_pool_out = outputs(args.fp32, val_x, pool_x)
+        fp32_val_accuracy = task.scored(ref_val_out, val, prepared_info, d)[0]["map_50_95"]
+        ref_pool = task.top_labels(ref_pool_out, d)
+
+        def check(model_path: Path) -> criterion.Judged:
+            """One candidate against FP32: validation mAP drop, detection agreement on the pool."""
+            return task.judge(*outputs(model_path, val_x, pool_x), fp32_val_accuracy, ref_pool_out,
+                              val, prepared_info, d, max_drop_pts=p.max_accuracy_drop_pp,
+                              min_pool_agreement=p.min_pool_agreement,
+                              agreement_floor=p.agreement_floor)
+
+        def predict(model: Path | bytes, x: np.ndarray) -> np.ndarray:
+            return task.top_labels(outputs(model, x)[0], d)
+    else:
+        ref_val, ref_pool = (o.argmax(1) for o in outputs(args.fp32, val_x, pool_x))
+        fp32_val_accuracy = float((ref_val == val.y).mean())
+
+        def check(model_path: Path) -> criterion.Judged:
+            """One candidate against FP32 on val and pool, and the verdict."""
+            return criterion.assess(*(o.argmax(1) for o in outputs(model_path, val_x, pool_x)),
+                                    ref_val, ref_pool, val.y, max_drop_pp=p.max_accuracy_drop_pp,
+                                    significance=p.significance,
+                                    min_pool_agreement=p.min_pool_agreement,
+                                    agreement_floor=p.agreement_floor)
+
+        def predict(model: Path | bytes, x: np.ndarray) -> np.ndarray:
+            return outputs(model, x)[0].argmax(1)
+
+    # Does the calibration set look like the data? Inputs, and FP32's outputs on both.
+    test_x = data.load_split(args.data, "test").x
+    calib_out, test_out = outputs(args.fp32, data.normalize(calib.x, info),
+                                  data.normalize(test_x, prepared_info))
+    stats = (lambda out: task.output_statistics(out, d)) if detection else \
+        representative.classifier_outputs
+    calibration_check, calibration_warnings = representative.check(
+        representative.input_measures(calib.x, test_x)
+        + representative.output_measures(stats(calib_out), stats(test_out)))
+    for w in calibration_warnings:
+        logging.warning("quantize_static: %s", w)
 
     start = time.perf_counter()
     with atomic_path(args.out) as tmp:
         result = engine.quantize(StaticJob(
             fp32=args.fp32, out=tmp, calib_x=calib.x, info=info, params=p, check=check,
             pool_x=pool_x, pool_ref=ref_pool,
-            predict=lambda model, x: predict(model.SerializeToString(), x)[0]))
+            predict=lambda model, x: predict(model.SerializeToString(), x),
+            float_tail=detection and d.float_decode))
         settings = engine.settings(p, result)
         static = onnxutil.load_model(tmp)  # onnx.checker on what we are about to publish
         last = result.final
@@ -89,15 +126,18 @@ def main(argv: list[str]) -> None:
             "engine": result.engine, **settings,
             "nodes_excluded": list(p.nodes_to_exclude),
             "fallback_nodes": result.fallback_nodes, "nodes_in_float": result.nodes_in_float,
+            **({"task": "detection", "decode_in_float": result.tail_in_float,
+                "fp32_val_map_50_95": round(fp32_val_accuracy, 6)} if detection else {}),
             "fallback_steps": result.steps,
             "fp32_val_accuracy": round(fp32_val_accuracy, 6),
-            "val_image_pp": round(one_image, 4),  # what one validation image is worth
+            **({} if detection else {"val_image_pp": round(one_image, 4)}),  # one image's worth
             "val_accuracy": last["val_accuracy"],
             "val_accuracy_drop_pp": result.accuracy_drop_pp,
             # What the decision rests on (the kept model): flips and agreement, val and pool.
             "val": last["val"], "pool": last["pool"], "real_drop": last["real_drop"],
             "verdict": last["verdict"], "rule": last["rule"],
             "slow_combination_warnings": warnings,
+            "calibration_check": calibration_check, "calibration_warnings": calibration_warnings,
             "symbolic_shape_inference": result.symbolic_shape_inference,
             "seconds": round(time.perf_counter() - start, 2),
             "size_bytes": tmp.stat().st_size, "ops": onnxutil.op_counts(static)}

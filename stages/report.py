@@ -30,7 +30,8 @@ def main(argv: list[str]) -> None:
                                    None if "skipped" in torch_bench else torch_bench, failed)
     summary["recommended"] = report.recommend(summary, gates)
     profiles = {v: b["kernel_profile"] for v, b in benches.items() if "kernel_profile" in b}
-    notes = (report.slowdown_notes(summary, evals, summary["machine"], profiles)
+    notes = (report.tolerance_notes(summary, gates)
+             + report.slowdown_notes(summary, evals, summary["machine"], profiles)
              + report.thread_scaling_notes(summary))
     write_json(metrics / "summary.json", summary)
     markdown = report.render_markdown(summary, notes, profiles)
@@ -45,7 +46,8 @@ def main(argv: list[str]) -> None:
         for bs in rows["fp32"]["latency_p50_ms"]])
     # Accuracy vs size: the three ONNX variants (the torch checkpoint is the FP32 weights again).
     write_json(metrics / "plots/accuracy_size.json", [
-        {"variant": v, "size_mb": round(s["size_bytes"] / 1e6, 4), "accuracy": s["accuracy"]}
+        {"variant": v, "size_mb": round(s["size_bytes"] / 1e6, 4),
+         "accuracy": s[report.score_keys(summary)[0]]}
         for v, s in rows.items() if v in VARIANTS])
     print(markdown)
 

@@ -335,7 +335,7 @@ def _engines(variant, latency, throughput, factor, agreement):
                 "latency": bench.rows_against(grid, ov, fp32),
                 "throughput": bench.throughput_against(ips, ov, fp32, 64, 2)}
     if not passed:
-        openvino["failed"] = (f"models/{variant}.onnx on OpenVINO: its top-1 agrees with ONNX "
+        openvino["failed"] = (f"models/{variant}.onnx on OpenVINO: its predictions agree with ONNX "
                               f"Runtime's on {agreement:.2%} of 1000 test samples")
     trusted = ["onnxruntime"] + ["openvino"] * passed
     return {"runtimes": {"onnxruntime": {"title": "ONNX Runtime", "version": "1.32.0", "reference": True},

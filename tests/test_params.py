@@ -69,7 +69,9 @@ def test_params_yaml_has_the_contract_keys():
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     missing = [k for k in CONTRACT_KEYS if k not in _dotted_keys(raw)]
     assert missing == []
-    assert raw["prepare"]["source"] == "mnist5k"
+    # null: the task's default, mnist5k for the default task (classification).
+    assert load_params(ROOT / "params.yaml").prepare.source == "mnist5k"
+    assert load_params(ROOT / "params.yaml").prepare.task == "classification"
 
 
 def test_defaults_are_the_fast_x86_path():

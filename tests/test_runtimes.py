@@ -61,7 +61,7 @@ def test_openvino_computes_what_onnx_runtime_computes(models, engines):
     assert set(record) == {"samples", "agreement", "max_abs_diff", "mean_abs_diff",
                            "min_agreement", "passed", "accuracy"}
     assert base.Parity(**{**static.__dict__, "min_agreement": 1.01}).failure("ONNX Runtime").startswith(
-        "its top-1 agrees with ONNX Runtime's on")
+        "its predictions agree with ONNX Runtime's on")
 
 
 def test_openvino_streams_run_concurrently_and_agree(models, engines):
@@ -145,7 +145,7 @@ def test_corrupted_openvino_output_is_reported_and_left_out_of_best(models, engi
     checks, result = _time(corrupted, paths, "static", x, y)
     ov = result["runtimes"]["openvino"]
     assert ov["parity"]["passed"] is False and ov["parity"]["agreement"] < 0.5
-    assert ov["failed"].startswith(f"{paths['static']} on OpenVINO: its top-1 agrees with ONNX "
+    assert ov["failed"].startswith(f"{paths['static']} on OpenVINO: its predictions agree with ONNX "
                                    "Runtime's on")
     assert "bench.min_runtime_agreement = 0.995" in ov["failed"]
     # Still timed, so the report can show its rows (marked failed) ...

@@ -34,6 +34,9 @@ class StaticJob:
     pool_x: np.ndarray         # normalized pool images (train, not calibration) ...
     pool_ref: np.ndarray       # ... and FP32's top-1 on them: a label-free accuracy metric
     predict: Callable[[onnx.ModelProto, np.ndarray], np.ndarray]  # model, images -> top-1
+    # Keep the nodes after the last compute node (graph.output_tail) in float: a detector's
+    # decode, where one scale over pixels and probabilities costs mAP (detect.float_decode).
+    float_tail: bool = False
 
 
 class StaticEngine(Protocol):
@@ -65,6 +68,7 @@ class StaticResult:
     # The op types quantized (empty: every type ORT quantizes) and why (static_op_types).
     op_types_to_quantize: list[str] = dataclasses.field(default_factory=list)
     op_selection: str = ""
+    tail_in_float: list[str] = dataclasses.field(default_factory=list)  # job.float_tail's nodes
 
     @property
     def final(self) -> dict:

@@ -90,6 +90,21 @@ def float_compute_nodes(model: onnx.ModelProto) -> list[str]:
             and (n.input[1] in initializers or n.input[1] in producers) and not quantized(n.input[1])]
 
 
+def output_tail(model: onnx.ModelProto) -> list[str]:
+    """Nodes after the last compute nodes: those from which no Conv/Gemm/MatMul is reachable
+    (a detector's decode: reshapes, softplus, grid offsets, sigmoid, concat). Empty for a
+    classifier ending in its Gemm."""
+    consumers: dict[str, list] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    reaches: dict[str, bool] = {}
+    for node in reversed(model.graph.node):  # graph order is topological
+        reaches[node.name] = node.op_type in COMPUTE_OPS or any(
+            reaches.get(c.name, False) for out in node.output for c in consumers.get(out, []))
+    return [n.name for n in model.graph.node if not reaches[n.name]]
+
+
 def unknown_nodes(model: onnx.ModelProto, names: tuple[str, ...]) -> list[str]:
     """Names in nodes_to_exclude that are not in the model: a typo would silently do nothing."""
     present = {node.name for node in model.graph.node}

@@ -10,6 +10,8 @@ nncf is imported here only: it takes ~2 s, and only this engine needs it.
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import os
 import tempfile
@@ -23,7 +25,7 @@ import onnx
 from quantpipe.criterion import Judged
 from quantpipe.data import DataInfo, normalize
 from quantpipe.engines.base import StaticJob, StaticResult
-from quantpipe.engines.graph import check_nodes_exist, float_compute_nodes, graph_input
+from quantpipe.engines.graph import check_nodes_exist, float_compute_nodes, graph_input, output_tail
 from quantpipe.schemas.quantize_static import BiasCorrection, QuantizeStaticParams
 
 log = logging.getLogger(__name__)
@@ -69,7 +71,8 @@ def agreement_fn(pool_x: np.ndarray, pool_ref: np.ndarray,
 def quantize_static_nncf(fp32_path: Path, out_path: Path, calib_x: np.ndarray, info: DataInfo,
                          p: QuantizeStaticParams, check: Callable[[Path], Judged],
                          pool_x: np.ndarray, pool_ref: np.ndarray,
-                         predict: Callable[[onnx.ModelProto, np.ndarray], np.ndarray]) -> StaticResult:
+                         predict: Callable[[onnx.ModelProto, np.ndarray], np.ndarray], *,
+                         float_tail: bool = False) -> StaticResult:
     """nncf.quantize; when check() says the drop is real and max_fallback_steps > 0,
     nncf.quantize_with_accuracy_control with the pool criterion as its metric: agreement with
     FP32 (pool_ref, FP32's top-1 on the normalized pool_x) of at least min_pool_agreement,
@@ -79,6 +82,8 @@ def quantize_static_nncf(fp32_path: Path, out_path: Path, calib_x: np.ndarray, i
 
     model = onnx.load(str(fp32_path))
     check_nodes_exist(model, p.nodes_to_exclude, "quantize_static.nodes_to_exclude", fp32_path)
+    tail = [n for n in output_tail(model) if n not in p.nodes_to_exclude] if float_tail else []
+    p = dataclasses.replace(p, nodes_to_exclude=tuple(p.nodes_to_exclude) + tuple(tail))
     input_name = graph_input(model).name
     # One image per item: NNCF batches nothing itself, and bias correction wants single samples.
     calibration = nncf.Dataset(range(len(calib_x)),
@@ -120,7 +125,8 @@ def quantize_static_nncf(fp32_path: Path, out_path: Path, calib_x: np.ndarray, i
     return StaticResult(engine="nncf", steps=steps,
                         fallback_nodes=[n for n in in_float if n not in steps[0]["nodes_in_float"]],
                         nodes_in_float=in_float, calibrate_method="nncf", sensitivity=[],
-                        calib_samples_used=options["subset_size"], symbolic_shape_inference=None)
+                        calib_samples_used=options["subset_size"], symbolic_shape_inference=None,
+                        tail_in_float=tail)
 
 
 class NNCFStatic:
@@ -132,7 +138,8 @@ class NNCFStatic:
 
     def quantize(self, job: StaticJob) -> StaticResult:
         return quantize_static_nncf(job.fp32, job.out, job.calib_x, job.info, job.params, job.check,
-                                    job.pool_x, job.pool_ref, job.predict)
+                                    job.pool_x, job.pool_ref, job.predict,
+                                    float_tail=job.float_tail)
 
     def settings(self, p: QuantizeStaticParams, result: StaticResult) -> dict:
         return {"preset": p.nncf.preset.value, "bias_correction": p.nncf.bias_correction.value,

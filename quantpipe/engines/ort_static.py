@@ -25,7 +25,8 @@ from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, 
 from quantpipe.criterion import Judged
 from quantpipe.data import DataInfo, normalize
 from quantpipe.engines.base import StaticJob, StaticResult
-from quantpipe.engines.graph import COMPUTE_OPS, float_compute_nodes, graph_input, preprocess_checked
+from quantpipe.engines.graph import (COMPUTE_OPS, float_compute_nodes, graph_input, output_tail,
+                                    preprocess_checked)
 from quantpipe.schemas.quantize_static import QuantizeStaticParams
 
 log = logging.getLogger(__name__)
@@ -416,8 +417,10 @@ def prune(best: Attempt, plain: Attempt, ends: list[str],
 
 def quantize_static_with_fallback(fp32_path: Path, out_path: Path, calib_x: np.ndarray,
                                   info: DataInfo, p: QuantizeStaticParams,
-                                  check: Callable[[Path], Judged]) -> StaticResult:
+                                  check: Callable[[Path], Judged], *,
+                                  float_tail: bool = False) -> StaticResult:
     """quant_pre_process, calibrate and quantize (ORT) the op types static_op_types picks
+    (with float_tail, never the nodes after the last compute node: graph.output_tail)
     (Gemm/MatMul only on a transformer unless p.op_types_to_quantize lists others); then, while
     check(model) says the accuracy drop is real (quantpipe.criterion), climb the recovery
     ladder, keeping a change only when it judges better (Judged.score):
@@ -437,6 +440,9 @@ def quantize_static_with_fallback(fp32_path: Path, out_path: Path, calib_x: np.n
         pre = workdir / "preprocessed.onnx"
         symbolic, pre_model = preprocess_checked(fp32_path, pre, p.nodes_to_exclude,
                                                  "quantize_static.nodes_to_exclude")
+        tail = [n for n in output_tail(pre_model) if n not in p.nodes_to_exclude] \
+            if float_tail else []
+        p = dataclasses.replace(p, nodes_to_exclude=tuple(p.nodes_to_exclude) + tuple(tail))
         op_types, op_selection = static_op_types(pre_model, p.op_types_to_quantize)
         p = dataclasses.replace(p, op_types_to_quantize=op_types)
         n_calib, extra = calibration_plan(pre_model, p, len(calib_x))
@@ -505,7 +511,7 @@ def quantize_static_with_fallback(fp32_path: Path, out_path: Path, calib_x: np.n
                         nodes_in_float=in_float, calibrate_method=best.method.name,
                         sensitivity=table, calib_samples_used=n_calib,
                         symbolic_shape_inference=symbolic, op_types_to_quantize=list(op_types),
-                        op_selection=op_selection)
+                        op_selection=op_selection, tail_in_float=tail)
 
 
 class OnnxRuntimeStatic:
@@ -517,7 +523,7 @@ class OnnxRuntimeStatic:
 
     def quantize(self, job: StaticJob) -> StaticResult:
         return quantize_static_with_fallback(job.fp32, job.out, job.calib_x, job.info, job.params,
-                                             job.check)
+                                             job.check, float_tail=job.float_tail)
 
     def settings(self, p: QuantizeStaticParams, result: StaticResult) -> dict:
         return {"quant_format": p.quant_format.name, "activation_type": p.activation_type.name,

@@ -67,8 +67,8 @@ class Parity:
         if not self.finite:
             return f"it returned non-finite logits where {reference} did not"
         if not self.passed:
-            return (f"its top-1 agrees with {reference}'s on {self.agreement:.2%} of "
-                    f"{self.samples} test samples (max logit difference {self.max_abs_diff:.3g}), "
+            return (f"its predictions agree with {reference}'s on {self.agreement:.2%} of "
+                    f"{self.samples} test samples (max output difference {self.max_abs_diff:.3g}), "
                     f"below bench.min_runtime_agreement = {self.min_agreement}")
         return None
 
@@ -81,10 +81,19 @@ class Parity:
         return out
 
 
+# Outputs of the reference, outputs of the candidate -> the share of samples they agree on.
+Agree = Callable[[np.ndarray, np.ndarray], float]
+
+
+def top1_agreement(ref: np.ndarray, out: np.ndarray) -> float:
+    return compare(out.argmax(1), ref.argmax(1)).agreement
+
+
 def parity(reference: Runner, candidate: Runner, x: np.ndarray, y: np.ndarray | None, *,
            batch_size: int, min_agreement: float, label: str = "the candidate",
-           reference_title: str = "the reference") -> Parity:
-    """Run both engines over x (N, C, S, S) in batches of batch_size and compare their logits.
+           reference_title: str = "the reference", agree: Agree = top1_agreement) -> Parity:
+    """Run both engines over x (N, C, S, S) in batches of batch_size and compare their outputs:
+    `agree` (top-1 agreement of logits by default; a detector's: matched detections).
     label names the candidate (model and engine) in the error for outputs of another shape."""
     ref = np.concatenate([reference(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
     out = np.concatenate([candidate(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
@@ -95,7 +104,7 @@ def parity(reference: Runner, candidate: Runner, x: np.ndarray, y: np.ndarray | 
     diff = np.abs(out.astype(np.float64) - ref.astype(np.float64))
     diff = diff[np.isfinite(diff)]  # a non-finite output fails through `finite`, not a NaN here
     pred = out.argmax(1)
-    return Parity(samples=len(x), agreement=compare(pred, ref.argmax(1)).agreement,
+    return Parity(samples=len(x), agreement=agree(ref, out),
                   max_abs_diff=round(float(diff.max()) if diff.size else 0.0, 6),
                   mean_abs_diff=round(float(diff.mean()) if diff.size else 0.0, 6),
                   accuracy=None if y is None else round(float((pred == y).mean()), 6),
@@ -112,7 +121,7 @@ class Check:
 
 def check(engines: dict[str, Runtime], reference: str, path, x: np.ndarray,
           y: np.ndarray | None, *, threads: int, batch_size: int,
-          min_agreement: float) -> dict[str, Check]:
+          min_agreement: float, agree: Agree = top1_agreement) -> dict[str, Check]:
     """Every engine on model `path`, each against engines[reference] on x (N, C, S, S): one line
     naming the model and the reason for an engine that cannot run it or disagrees."""
     ref_title = engines[reference].title
@@ -124,7 +133,8 @@ def check(engines: dict[str, Runtime], reference: str, path, x: np.ndarray,
         try:
             result = parity(ref_runner, engine.runner(path, threads), x, y,
                             batch_size=batch_size, min_agreement=min_agreement,
-                            label=f"{path} on {engine.title}", reference_title=ref_title)
+                            label=f"{path} on {engine.title}", reference_title=ref_title,
+                            agree=agree)
         except RuntimeUnavailable as e:
             checks[name] = Check(parity=None, failed=str(e), runs=False)
             continue

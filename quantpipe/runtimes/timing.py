@@ -84,8 +84,8 @@ def describe_timings(timings: dict) -> list[str]:
     for name, entry in timings["runtimes"].items():
         if "parity" in entry:
             par = entry["parity"]
-            lines.append(f"{name} vs {reference} on the test split: top-1 agreement "
-                         f"{par['agreement']:.2%}, max logit difference {par['max_abs_diff']:.3g}")
+            lines.append(f"{name} vs {reference} on the test split: agreement "
+                         f"{par['agreement']:.2%}, max output difference {par['max_abs_diff']:.3g}")
         if "failed" in entry:
             lines.append(f"{name} is left out of best: {entry['failed']}")
     for bs, row in timings["best"]["latency"].items():

@@ -11,6 +11,7 @@ from pathlib import Path
 from quantpipe import params
 from quantpipe.errors import UserError
 from quantpipe.schemas.bench import BenchParams
+from quantpipe.schemas.detect import DetectParams
 from quantpipe.schemas.evaluate import EvaluateParams
 from quantpipe.schemas.export import ExportParams
 from quantpipe.schemas.gates import GatesParams
@@ -33,6 +34,7 @@ class Params:
     quantize_dynamic: QuantizeDynamicParams = field(default_factory=QuantizeDynamicParams)
     quantize_static: QuantizeStaticParams = field(default_factory=QuantizeStaticParams)
     quantize_qat: QuantizeQATParams = field(default_factory=QuantizeQATParams)
+    detect: DetectParams = field(default_factory=DetectParams)
     runtime: RuntimeParams = field(default_factory=RuntimeParams)
     evaluate: EvaluateParams = field(default_factory=EvaluateParams)
     bench: BenchParams = field(default_factory=BenchParams)

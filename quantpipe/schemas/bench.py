@@ -26,6 +26,11 @@ class BenchParams:
     # throughput mode, batches per configuration and round = runs // rounds.
     runs: int = 300
     rounds: int = 6
+    # Seconds one measurement (a batch size and thread count, or a stream configuration, with
+    # every model and engine timed in it) may take: a model slow enough to need more at
+    # bench.runs is timed fewer times (at least 2 per round; the JSON records `runs`). A 64-px
+    # detector at batch 64 takes ~30 ms a run: 300 runs of 4 runners would be 36 s. null: no cap.
+    max_seconds: float | None = 5.0
     # Engines that run every variant's ONNX file, by their names in quantpipe.runtimes.registry
     # (which checks them). onnxruntime is the reference (the summary's latency/speedup keys and
     # every parity check are its); the others are timed beside it in the same rounds, and the
@@ -45,6 +50,8 @@ class BenchParams:
               f"a non-empty list of integers >= 1 or {ALL_CORES!r} (every physical core)")
         check(self.warmup >= 0, "bench.warmup", self.warmup, "an integer >= 0")
         check(self.rounds >= 1, "bench.rounds", self.rounds, "an integer >= 1")
+        check(self.max_seconds is None or self.max_seconds > 0, "bench.max_seconds",
+              self.max_seconds, "a number of seconds > 0, or null")
         check(self.runs >= self.rounds, "bench.runs", self.runs, f"an integer >= bench.rounds ({self.rounds})")
         check(bool(self.runtimes) and len(set(self.runtimes)) == len(self.runtimes),
              "bench.runtimes", list(self.runtimes), "a non-empty list of distinct runtime names")

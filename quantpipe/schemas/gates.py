@@ -13,6 +13,11 @@ class GatesParams:
     SECTION: ClassVar[str] = "gates"
 
     max_accuracy_drop_pp: float = 1.0
+    # Detection (mAP@[.5:.95] points, the ORT chapter's tolerance table): a drop under
+    # warn_map_drop_pts is excellent, up to max_map_drop_pts acceptable with a warning in
+    # report.md, beyond it a failure with the order to investigate in.
+    warn_map_drop_pts: float = 1.0
+    max_map_drop_pts: float = 3.0
     min_static_speedup: float = 1.0
     # Peak RSS (MiB) of a fresh process running any variant at any benchmarked batch size: the
     # device's memory limit. null: no limit.
@@ -23,6 +28,8 @@ class GatesParams:
     def __post_init__(self) -> None:
         check(self.max_accuracy_drop_pp >= 0, "gates.max_accuracy_drop_pp",
               self.max_accuracy_drop_pp, "a number >= 0")
+        check(0 <= self.warn_map_drop_pts <= self.max_map_drop_pts, "gates.warn_map_drop_pts",
+              self.warn_map_drop_pts, f"a number in [0, gates.max_map_drop_pts = {self.max_map_drop_pts}]")
         check(self.min_static_speedup >= 0, "gates.min_static_speedup",
               self.min_static_speedup, "a number >= 0")
         check(self.max_peak_rss_mb is None or self.max_peak_rss_mb > 0, "gates.max_peak_rss_mb",

@@ -1,0 +1,96 @@
+"""The detection task's side of the stages: raw outputs -> detections -> COCO metrics and
+agreement with FP32, on one split."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from quantpipe.data import DataInfo, Split
+from quantpipe.detection import coco, post
+from quantpipe.detection.data import coco_ground_truth
+from quantpipe.schemas.detect import DetectParams
+
+
+def ground_truth(split: Split, info: DataInfo) -> dict:
+    return coco_ground_truth(split.objects, info.image_size, info.category_ids,
+                             info.class_names)
+
+
+def scored(out: np.ndarray, split: Split, info: DataInfo, p: DetectParams) -> tuple[dict, list[dict]]:
+    """COCO metrics of raw outputs (N, 4 + K, A) on a split with objects, and the COCO results
+    they were scored from (exactly what a results file holds)."""
+    dets = coco.results(post.decode(out, **p.decode_args(for_map=True)), info.category_ids)
+    return coco.score(ground_truth(split, info), dets), dets
+
+
+def agreement(out: np.ndarray, ref_out: np.ndarray, p: DetectParams) -> post.Agreement:
+    """Detections (at detect.score_threshold) of a variant against FP32's on the same images."""
+    return post.agreement(post.decode(ref_out, **p.decode_args()), post.decode(out, **p.decode_args()))
+
+
+def check_output(out: np.ndarray, info: DataInfo, where: str) -> None:
+    """A detector's output must be (N, 4 + classes, anchors)."""
+    from quantpipe.errors import UserError
+
+    if out.ndim != 3 or out.shape[1] != 4 + info.num_classes:
+        raise UserError(f"{where}: output has shape {tuple(out.shape)}; a detector must give "
+                        f"(batch, 4 + {info.num_classes} classes, anchors), the layout "
+                        "Ultralytics exports for YOLOv8/YOLO11")
+
+
+def signature(out: np.ndarray, p: DetectParams) -> np.ndarray:
+    """Every detection (label, box to 0.1 px) of raw outputs, flattened: equal arrays mean the
+    same predictions (the recovery ladder stops when a change moves none)."""
+    dets = post.decode(out, **p.decode_args())
+    return np.concatenate([np.c_[d.labels, np.round(d.boxes, 1)].ravel() for d in dets] or
+                          [np.zeros(0)])
+
+
+def top_labels(out: np.ndarray, p: DetectParams) -> np.ndarray:
+    """(N,) the label of each image's highest-scoring detection, -1 without one: a label-free,
+    per-image prediction (NNCF's accuracy control compares these with FP32's)."""
+    return np.asarray([int(d.labels[0]) if len(d) else -1
+                       for d in post.decode(out, **p.decode_args())], np.int64)
+
+
+def judge(val_out: np.ndarray, pool_out: np.ndarray, ref_val_map: float, ref_pool: np.ndarray,
+          val: Split, info: DataInfo, p: DetectParams, *, max_drop_pts: float,
+          min_pool_agreement: float, agreement_floor: float):
+    """A quantized candidate against FP32: the drop of validation mAP@[.5:.95] in points and
+    detection agreement on the pool; real when agreement is under agreement_floor, or the drop
+    exceeds max_drop_pts with agreement under min_pool_agreement (quantpipe.criterion's rules,
+    with mAP points for accuracy points; there is no McNemar test for mAP)."""
+    from quantpipe.criterion import Judged
+
+    metrics, _ = scored(val_out, val, info, p)
+    drop = round((ref_val_map - metrics["map_50_95"]) * 100, 4)
+    pool = agreement(pool_out, ref_pool, p)
+    a = pool.agreement
+    if a < agreement_floor:
+        real, rule, why = True, "agreement_floor", (
+            f"detection agreement with FP32 on {len(pool_out)} pool images {a:.2%} < "
+            f"agreement_floor {agreement_floor:.2%} (validation mAP drop {drop:.2f} points)")
+    elif drop <= max_drop_pts:
+        real, rule, why = False, "within_drop", f"validation mAP drop {drop:.2f} points <= {max_drop_pts}"
+    elif a >= min_pool_agreement:
+        real, rule, why = False, "pool_agreement", (
+            f"validation mAP drop {drop:.2f} points, but detection agreement with FP32 on "
+            f"{len(pool_out)} pool images is {a:.2%} >= min_pool_agreement {min_pool_agreement:.2%}")
+    else:
+        real, rule, why = True, "real_drop", (
+            f"validation mAP@[.5:.95] drop {drop:.2f} points > {max_drop_pts}, detection "
+            f"agreement with FP32 on {len(pool_out)} pool images {a:.2%} < {min_pool_agreement:.2%}")
+    record = {"val_accuracy": metrics["map_50_95"], "accuracy_drop_pp": drop,
+              "val": {"samples": len(val), "map_50_95": metrics["map_50_95"],
+                      "map_50": metrics["map_50"]},
+              "pool": {"samples": len(pool_out), **pool.as_dict()},
+              "real_drop": real, "verdict": why, "rule": rule}
+    return Judged(record, np.concatenate([signature(val_out, p), signature(pool_out, p)]))
+
+
+def output_statistics(out: np.ndarray, p: DetectParams) -> dict[str, np.ndarray]:
+    """Per image: the top detection score (0 without one) and the number of detections, at
+    detect.score_threshold (quantpipe.representative compares them across sets)."""
+    dets = post.decode(out, **p.decode_args())
+    return {"top detection score": np.asarray([d.scores.max() if len(d) else 0.0 for d in dets]),
+            "detections per image": np.asarray([len(d) for d in dets], np.float64)}

@@ -1,0 +1,296 @@
+"""Detection (prepare.task: detection): the embedded canvases, decode/NMS/matching, COCO
+scoring, detection data folders (COCO, YOLO) and their bad annotations, and a tiny detection
+pipeline end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import TINY_PARAMS, dvc, make_project, set_params
+from quantpipe import data
+from quantpipe.detection import coco, post
+from quantpipe.detection.data import (coco_ground_truth, digit_canvases, letterbox,
+                                      load_detection_source, strata)
+
+DETECTION_PARAMS = {**TINY_PARAMS, "prepare": {"task": "detection", "calib_size": 64},
+                    "train": {"epochs": 2}}
+
+
+# --- embedded data ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def canvases():
+    digits = data.load_mnist5k()
+    return digits, digit_canvases(digits.x, digits.y, 64)
+
+
+def test_digit_canvases_hold_every_digit_once_with_tight_separate_boxes(canvases):
+    digits, (x, objects, night) = canvases
+    assert x.shape[1:] == (1, 64, 64) and x.dtype == np.uint8
+    placed = sum(len(o) for o in objects)
+    assert 0.95 * len(digits) <= placed <= len(digits)  # a few left out for lack of room
+    assert {1, 2, 3, 4} >= {len(o) for o in objects} >= {1, 4}
+    assert 0.4 < night.mean() < 0.6  # day and night canvases
+    dark, lit = x[night == 1].mean(), x[night == 0].mean()
+    assert dark < lit / 2
+    for img, o in zip(x[:200], objects[:200]):
+        for x1, y1, x2, y2, label in o:
+            assert 0 <= x1 < x2 <= 64 and 0 <= y1 < y2 <= 64 and 0 <= label <= 9
+            ink = img[0, int(y1):int(y2), int(x1):int(x2)]
+            assert ink.max() > img.mean()  # the digit is inside its box
+        overlap = post.iou_matrix(o[:, :4], o[:, :4]) - np.eye(len(o))
+        assert overlap.max() <= 0  # boxes never overlap
+    x2_, objects2, _ = digit_canvases(digits.x, digits.y, 64)
+    assert np.array_equal(x, x2_) and all(np.array_equal(a, b) for a, b in zip(objects, objects2))
+
+
+def test_strata_are_the_class_of_the_largest_object():
+    objects = [np.array([[0, 0, 4, 4, 3], [0, 0, 10, 10, 7]], np.float32),
+               np.zeros((0, 5), np.float32)]
+    assert strata(objects, 10).tolist() == [7, 10]
+
+
+# --- decode, NMS, matching, COCO -------------------------------------------------------------
+
+def _output(boxes_xywh: list, scores: list[list[float]]) -> np.ndarray:
+    """(1, 4 + K, A) from per-anchor boxes and class scores."""
+    return np.concatenate([np.asarray(boxes_xywh, np.float32).T,
+                           np.asarray(scores, np.float32).T])[None]
+
+
+def test_decode_keeps_the_best_of_overlapping_boxes_of_one_class_only():
+    out = _output([[10, 10, 8, 8], [10.5, 10, 8, 8], [10, 10, 8, 8], [40, 40, 6, 6]],
+                  [[0.9, 0.0], [0.8, 0.0], [0.0, 0.7], [0.1, 0.05]])
+    [d] = post.decode(out, score_threshold=0.25, iou_threshold=0.6, max_detections=100)
+    assert d.labels.tolist() == [0, 1] and np.allclose(d.scores, [0.9, 0.7])
+    assert np.allclose(d.boxes[0], [6, 6, 14, 14])
+    [d] = post.decode(out, score_threshold=0.01, iou_threshold=0.6, max_detections=2)
+    assert len(d) == 2
+
+
+def test_agreement_pairs_detections_by_label_and_iou():
+    ref = post.Detections(np.array([[0, 0, 10, 10], [20, 20, 30, 30]], np.float32),
+                          np.array([0.9, 0.8], np.float32), np.array([1, 2]))
+    got = post.Detections(np.array([[1, 1, 10, 10], [20, 20, 30, 30], [40, 40, 50, 50]], np.float32),
+                          np.array([0.9, 0.8, 0.5], np.float32), np.array([1, 3, 0]))
+    a = post.agreement([ref], [got])
+    assert (a.matched, a.recall, a.precision) == (1, 0.5, round(1 / 3, 6))
+    assert a.agreement == round(1 / 3, 6)
+
+
+def test_coco_scores_perfect_detections_one_and_empty_zero():
+    objects = (np.array([[2, 2, 20, 20, 0], [30, 30, 50, 60, 1]], np.float32),
+               np.array([[5, 5, 25, 15, 1]], np.float32))
+    gt = coco_ground_truth(objects, 64, (1, 2), ("a", "b"))
+    perfect = [post.Detections(o[:, :4], np.ones(len(o), np.float32), o[:, 4].astype(np.int64))
+               for o in objects]
+    scores = coco.detections_map(perfect, gt, (1, 2))
+    assert scores["map_50_95"] == 1.0 and scores["per_class_ap"] == {"a": 1.0, "b": 1.0}
+    assert coco.score(gt, [])["map_50"] == 0.0
+
+
+def test_letterbox_keeps_the_aspect_and_centres():
+    img = np.full((3, 20, 40), 200, np.uint8)
+    out, scale, left, top = letterbox(img, 64)
+    assert out.shape == (3, 64, 64) and scale == 1.6 and (left, top) == (0, 16)
+    assert out[:, :16].max() == 0 and out[:, 16:48].min() == 200
+
+
+# --- your own data: COCO and YOLO folders ----------------------------------------------------
+
+def _digit_images(n: int, seed: int = 0) -> list[tuple[np.ndarray, list]]:
+    """n grey images (48 x 64) with 1-2 MNIST digits each and their boxes (x, y, w, h, label)."""
+    digits = data.load_mnist5k()
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        img = np.zeros((48, 64), np.uint8)
+        boxes = []
+        for k in range(1 + i % 2):
+            j = int(rng.integers(len(digits)))
+            x, y = 4 + 32 * k, int(rng.integers(0, 20))
+            img[y:y + 28, x:x + 28] = digits.x[j, 0]
+            boxes.append([x + 4, y + 4, 20, 20, int(digits.y[j])])
+        out.append((img, boxes))
+    return out
+
+
+def make_coco_folder(root: Path, n: int = 60) -> Path:
+    (root / "images").mkdir(parents=True)
+    images, anns = [], []
+    for i, (img, boxes) in enumerate(_digit_images(n)):
+        Image.fromarray(img).save(root / "images" / f"{i:03d}.png")
+        images.append({"id": 100 + i, "file_name": f"{i:03d}.png", "width": 64, "height": 48})
+        for x, y, w, h, label in boxes:
+            anns.append({"id": len(anns) + 1, "image_id": 100 + i, "category_id": 11 + label,
+                         "bbox": [x, y, w, h], "area": w * h, "iscrowd": 0})
+    images.append({"id": 999, "file_name": "empty.png", "width": 64, "height": 48})
+    Image.fromarray(np.zeros((48, 64), np.uint8)).save(root / "images" / "empty.png")
+    cats = [{"id": 11 + d, "name": f"digit{d}"} for d in range(10)]
+    (root / "annotations.json").write_text(json.dumps(
+        {"images": images, "annotations": anns, "categories": cats}))
+    return root
+
+
+def make_yolo_folder(root: Path, n: int = 60) -> Path:
+    (root / "images").mkdir(parents=True)
+    (root / "labels").mkdir()
+    for i, (img, boxes) in enumerate(_digit_images(n, seed=1)):
+        Image.fromarray(img).save(root / "images" / f"{i:03d}.png")
+        (root / "labels" / f"{i:03d}.txt").write_text("".join(
+            f"{label} {(x + w / 2) / 64:.6f} {(y + h / 2) / 48:.6f} {w / 64:.6f} {h / 48:.6f}\n"
+            for x, y, w, h, label in boxes))
+    (root / "data.yaml").write_text("names:\n" + "".join(f"  {d}: digit{d}\n" for d in range(10)))
+    return root
+
+
+def test_coco_and_yolo_folders_load_letterboxed_with_their_categories(tmp_path):
+    x, objects, names, ids = load_detection_source(
+        "coco", str(make_coco_folder(tmp_path / "coco")), None, 64)
+    assert x.shape == (61, 1, 64, 64) and names[0] == "digit0" and ids == tuple(range(11, 21))
+    assert len(objects[-1]) == 0  # an image without objects is allowed
+    # 64 x 48 letterboxed into 64 x 64: y shifted down by 8, scale 1.
+    first = _digit_images(1)[0][1][0]
+    assert np.allclose(objects[0][0], [first[0], first[1] + 8, first[0] + 20, first[1] + 28,
+                                       first[4]])
+    x, objects, names, ids = load_detection_source(
+        "yolo", str(make_yolo_folder(tmp_path / "yolo")), None, 64)
+    assert x.shape == (60, 1, 64, 64) and names[9] == "digit9" and ids == tuple(range(1, 11))
+    first = _digit_images(1, seed=1)[0][1][0]
+    assert np.allclose(objects[0][0][:4], [first[0], first[1] + 8, first[0] + 20, first[1] + 28],
+                       atol=1e-3)
+
+
+def _break_coco(root: Path, case: str) -> str:
+    """Damage a COCO folder one way; returns what the error line must name."""
+    doc = json.loads((root / "annotations.json").read_text())
+    if case == "missing_image":
+        (root / "images" / "005.png").unlink()
+        return "005.png"
+    if case == "undecodable":
+        (root / "images" / "007.png").write_bytes(b"not a png")
+        return "007.png"
+    a = doc["annotations"][3]
+    if case == "outside":
+        a["bbox"] = [50, 30, 30, 10]
+    elif case == "non_positive":
+        a["bbox"] = [5, 5, 0, 10]
+    elif case == "unknown_category":
+        a["category_id"] = 77
+    (root / "annotations.json").write_text(json.dumps(doc))
+    return f"annotation id {a['id']}"
+
+
+def _break_yolo(root: Path, case: str) -> str:
+    label = root / "labels" / "004.txt"
+    if case == "missing_image":
+        (root / "images" / "004.png").unlink()
+        return "004.txt"
+    if case == "undecodable":
+        (root / "images" / "006.png").write_bytes(b"\x89PNG broken")
+        return "006.png"
+    line = {"outside": "3 0.95 0.5 0.3 0.2", "non_positive": "3 0.5 0.5 0.0 0.2",
+            "unknown_category": "12 0.5 0.5 0.2 0.2"}[case]
+    label.write_text(line + "\n")
+    return "004.txt:1"
+
+
+BAD_CASES = ("missing_image", "undecodable", "outside", "non_positive", "unknown_category")
+EXPECTED = {"missing_image": "not found|no image", "undecodable": "cannot be decoded",
+            "outside": "outside", "non_positive": "non-positive", "unknown_category": "categor|class"}
+
+
+@pytest.fixture(scope="module")
+def folder_project(tmp_path_factory) -> Path:
+    return make_project(tmp_path_factory.mktemp("det-folders"), DETECTION_PARAMS)
+
+
+@pytest.mark.parametrize("source", ["coco", "yolo"])
+@pytest.mark.parametrize("case", BAD_CASES)
+def test_bad_annotations_end_in_one_line_naming_the_file_and_record(folder_project, tmp_path,
+                                                                    source, case):
+    import re
+
+    from test_failures import stage_command
+
+    folder = (make_coco_folder if source == "coco" else make_yolo_folder)(tmp_path / source, n=10)
+    named = (_break_coco if source == "coco" else _break_yolo)(folder, case)
+    set_params(folder_project, {"prepare": {"source": source, "path": str(folder)}})
+    before = sorted(p.name for p in (folder_project / "data").glob("*")) \
+        if (folder_project / "data").exists() else []
+    proc = subprocess.run(stage_command(folder_project, "prepare"), cwd=folder_project,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert named in lines[0] and re.search(EXPECTED[case], lines[0]), lines[0]
+    after = sorted(p.name for p in (folder_project / "data").glob("*")) \
+        if (folder_project / "data").exists() else []
+    assert after == before  # nothing half-written
+
+
+# --- the pipeline, end to end ----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def detection_run(tmp_path_factory) -> Path:
+    repo = make_project(tmp_path_factory.mktemp("det-run"), DETECTION_PARAMS)
+    dvc(repo, "repro")
+    return repo
+
+
+def test_detection_pipeline_writes_map_agreement_and_latency_per_variant(detection_run):
+    summary = json.loads((detection_run / "metrics/summary.json").read_text())
+    assert summary["task"] == "detection"
+    for v in ("fp32", "dynamic", "static"):
+        s = summary[v]
+        assert 0 <= s["map_50_95"] <= s["map_50"] <= 1
+        assert set(s["end_to_end"]["latency_p50_ms"]) == {"bs1", "bs8"}
+        if v != "fp32":
+            assert {"map_drop_pts", "agreement", "speedup"} <= set(s)
+            assert s["end_to_end"]["speedup"]["bs1"] > 0
+    assert "qat" in summary["skipped"]
+    assert set(summary["recommended"]) == {"bs1", "bs8"}
+    export = json.loads((detection_run / "metrics/export.json").read_text())
+    assert export["detection_parity"]["unmatched"] == 0
+    bench = json.loads((detection_run / "metrics/bench/static.json").read_text())
+    assert bench["runtimes"]["openvino"]["parity"]["passed"]
+
+
+def test_written_coco_detections_rescore_to_the_metrics_exactly(detection_run):
+    """Anyone can re-score a variant's COCO results with pycocotools, against the test split's
+    ground truth that prepare writes, and get the metrics JSON's mAP."""
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    gt = COCO(str(detection_run / "data/prepared/test_annotations.json"))
+    for variant in ("fp32", "static"):
+        dets = json.loads((detection_run / f"data/detections/{variant}.json").read_text())
+        ev = COCOeval(gt, gt.loadRes(dets), "bbox")
+        ev.evaluate(), ev.accumulate(), ev.summarize()
+        metrics = json.loads((detection_run / f"metrics/eval/{variant}.json").read_text())
+        assert round(float(ev.stats[0]), 6) == metrics["map_50_95"]
+        assert round(float(ev.stats[1]), 6) == metrics["map_50"]
+
+
+def test_the_decode_stays_float_in_the_static_model(detection_run):
+    """detect.float_decode: every node after the last Conv of the FP32 graph runs in float in
+    static.onnx (no QuantizeLinear reads the decode's tensors)."""
+    import onnx
+
+    from quantpipe.engines.graph import output_tail
+
+    q = json.loads((detection_run / "metrics/quantize_static.json").read_text())
+    fp32 = onnx.load(str(detection_run / "models/fp32.onnx"))
+    tail = output_tail(fp32)
+    assert tail and set(q["decode_in_float"]) == set(tail)
+    static = onnx.load(str(detection_run / "models/static.onnx"))
+    tail_outputs = {o for n in fp32.graph.node if n.name in tail for o in n.output}
+    assert not [n for n in static.graph.node if n.op_type == "QuantizeLinear"
+                and n.input[0] in tail_outputs]
+    assert q["task"] == "detection" and "map_50_95" in q["val"]
