@@ -254,8 +254,8 @@ def detection_table(record: dict) -> str:
     big = sizes[-1]
     head = ["model", "variant", "mAP@[.5:.95]", "mAP@.5", "drop (points)", "agreement",
             f"model speedup, 1 thread (bs1 / {big})", f"model speedup, all cores ({big})",
-            f"end to end, 1 thread (bs1 / {big})", "decode", "calibration warnings",
-            "pipeline"]
+            f"end to end, 1 thread (bs1 / {big})", "decode", "convs in float",
+            "calibration warnings", "pipeline"]
     body = []
     for r in rows:
         pair = lambda d: "—" if not d else f"{_x(d.get('bs1'))} / {_x(d.get(big))}"  # noqa: E731
@@ -265,6 +265,7 @@ def detection_table(record: dict) -> str:
                      f"{r['map_drop_pts']:.2f}", f"{r['agreement']:.4f}",
                      pair(r.get("speedup_1thread")), _x(r.get("speedup", {}).get(big)),
                      pair(r.get("end_to_end_speedup_1thread")), decode,
+                     "—" if r.get("nodes_in_float") is None else str(len(r["nodes_in_float"])),
                      "; ".join(w.split(": ", 1)[1].split(" averages")[0] for w in warnings) or
                      ("none" if r["variant"] == "static" else "—"),
                      "—" if r.get("pipeline_seconds") is None else f"{r['pipeline_seconds']:.0f} s"])

@@ -5,7 +5,7 @@ In a clone of this repository it runs the real pipeline with prepare.task: detec
 default detector on the embedded canvases), then
 - the war story of the ORT chapter: static INT8 calibrated on the train split's darkest
   canvases only (quantize_static and evaluate@static run by hand on that calibration set:
-  the calibration check's warnings and the mAP it costs);
+  the calibration check's warnings and the mAP it costs, plain and with the recovery ladder);
 - static with the decode quantized too (detect.float_decode: false; only the static branch
   re-runs): what keeping it float buys;
 - the same detector brought as ONNX in the YOLOv8/YOLO11 output layout
@@ -64,6 +64,7 @@ def row(repo: Path, name: str, variant: str, seconds: float | None) -> dict:
             "end_to_end_speedup_1thread": s["end_to_end"]["by_threads"]
             .get("threads1", {}).get("speedup"),
             "decode_in_float": bool(q.get("decode_in_float")) if variant == "static" else None,
+            "nodes_in_float": q["nodes_in_float"] if variant == "static" else None,
             "calibration_warnings": q["calibration_warnings"] if variant == "static" else []})
     return out
 
@@ -85,8 +86,11 @@ def run_stage(repo: Path, log: Path, stage: str, variant: str | None = None) -> 
         raise SystemExit(f"{stage} failed in {repo}; see {log}")
 
 
-def dark_calibration(repo: Path, log: Path) -> dict:
-    """Calibrate static on the darkest train canvases only; its warnings and mAP."""
+def dark_calibration(repo: Path, log: Path, ladder: bool) -> dict:
+    """Calibrate static on the darkest train canvases only, plain PTQ or with the recovery
+    ladder (quantize_static.max_fallback_steps as in params.yaml); its warnings and mAP."""
+    steps = yaml.safe_load((ROOT / "params.yaml").read_text())["quantize_static"]["max_fallback_steps"]
+    set_params(repo, {"quantize_static": {"max_fallback_steps": steps if ladder else 0}})
     prepared, calib_dir = repo / "data/prepared", repo / "data/calibration"
     train, info = data.load_split(prepared, "train"), data.load_info(prepared)
     brightness = train.x.reshape(len(train), -1).mean(1)
@@ -99,7 +103,9 @@ def dark_calibration(repo: Path, log: Path) -> dict:
     run_stage(repo, log, "quantize_static")
     run_stage(repo, log, "evaluate", "static")
     q, ev = read(repo, "metrics/quantize_static.json"), read(repo, "metrics/eval/static.json")
-    return {"name": "static, dark calibration", "variant": "static",
+    set_params(repo, {"quantize_static": {"max_fallback_steps": steps}})
+    return {"name": "static, dark calibration" + (", recovery ladder" if ladder else ", plain PTQ"),
+            "variant": "static", "nodes_in_float": q["nodes_in_float"],
             "map_50_95": ev["map_50_95"], "map_50": ev["map_50"],
             "fp32_map_50_95": ev["fp32_map_50_95"], "map_drop_pts": ev["map_drop_pts"],
             "agreement": ev["agreement"], "calibration_warnings": q["calibration_warnings"],
@@ -118,7 +124,7 @@ def main() -> None:
             for v in ("fp32", "dynamic", "static")]
     stages = stage_seconds(repo)
 
-    rows.append(dark_calibration(repo, log))
+    rows += [dark_calibration(repo, log, ladder=False), dark_calibration(repo, log, ladder=True)]
     dvc(repo, log, "checkout", "-f")  # the representative calibration set back
 
     set_params(repo, {"detect": {"float_decode": False}})

@@ -153,9 +153,10 @@ def main(argv: list[str]) -> None:
                             message)
         write_json(args.metrics, metrics)
         write_json(args.sensitivity, result.sensitivity)
-    print(f"quantize_static: {result.engine}, {result.calibrate_method} on {result.calib_samples_used} "
-          f"samples, val drop "
-          f"{result.accuracy_drop_pp:.2f} pp, pool agreement {last['pool']['agreement']:.2%}, "
+    score, unit = ("mAP", "points") if detection else ("accuracy", "pp")
+    print(f"quantize_static: {result.engine}, {result.calibrate_method} on "
+          f"{result.calib_samples_used} samples, val {score} drop "
+          f"{result.accuracy_drop_pp:.2f} {unit}, pool agreement {last['pool']['agreement']:.2%}, "
           f"{len(result.nodes_in_float)} compute node(s) in float "
           f"({metrics['seconds']:.1f}s) -> {args.out}")
 

@@ -5,6 +5,7 @@ pipeline end to end."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -294,3 +295,78 @@ def test_the_decode_stays_float_in_the_static_model(detection_run):
     assert not [n for n in static.graph.node if n.op_type == "QuantizeLinear"
                 and n.input[0] in tail_outputs]
     assert q["task"] == "detection" and "map_50_95" in q["val"]
+
+
+def test_a_calibration_set_of_dark_canvases_is_warned_about_and_costs_map(detection_run, tmp_path):
+    """The ORT chapter's war story: calibrated on dark canvases only (a night-only calibration
+    set for a test split half lit), quantize_static names the measures that differ, and plain
+    static quantization loses more mAP than with the representative calibration set."""
+    from conftest import copy_project
+    from test_failures import stage_command
+
+    repo = copy_project(detection_run, tmp_path / "dark")
+    read = lambda rel: json.loads((repo / rel).read_text())  # noqa: E731
+    representative = read("metrics/quantize_static.json")
+    assert representative["calibration_warnings"] == []
+    drop_before = read("metrics/eval/static.json")["map_drop_pts"]
+    prepared, calib_dir = repo / "data/prepared", repo / "data/calibration"
+    train = data.load_split(prepared, "train")
+    dark = np.sort(np.argsort(train.x.reshape(len(train), -1).mean(1), kind="stable")[:64])
+    shutil.rmtree(calib_dir)
+    calib_dir.mkdir()
+    data.save_splits(calib_dir, {"calib": train.take(dark)}, data.load_info(prepared))
+    np.save(calib_dir / data.CALIB_INDEX, dark)
+    set_params(repo, {"quantize_static": {"max_fallback_steps": 0}})  # plain PTQ: its cost
+    logs = {}
+    for stage, variant in (("quantize_static", None), ("evaluate", "static")):
+        proc = subprocess.run(stage_command(repo, stage, variant), cwd=repo, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        logs[stage] = proc.stderr
+    biased = read("metrics/quantize_static.json")
+    assert any("brightness" in w for w in biased["calibration_warnings"]), biased["calibration_warnings"]
+    assert biased["calibration_check"]["brightness (mean pixel, 0-255)"]["differs"]
+    assert "does not represent the test split: brightness" in logs["quantize_static"]
+    drop_after = read("metrics/eval/static.json")["map_drop_pts"]
+    print(f"static mAP drop: {drop_before:.2f} points with the representative calibration set, "
+          f"{drop_after:.2f} with dark canvases only")
+    assert drop_after > drop_before
+
+
+@pytest.mark.slow
+def test_the_detector_brought_as_yolo_layout_onnx_scores_what_it_scored_trained_here(
+        detection_run, tmp_path):
+    """train.model: onnx:inputs/<file>.onnx in Ultralytics' output layout: the FP32 model of the
+    run, brought as ONNX, goes through every stage and scores the same mAP."""
+    from conftest import copy_project
+
+    repo = copy_project(detection_run, tmp_path / "onnx")
+    shutil.copy(repo / "models/fp32.onnx", repo / "inputs/detector.onnx")
+    set_params(repo, {"train": {"model": "onnx:inputs/detector.onnx"}})
+    dvc(repo, "repro")
+    before = json.loads((detection_run / "metrics/eval/fp32.json").read_text())
+    after = json.loads((repo / "metrics/eval/fp32.json").read_text())
+    assert after["map_50_95"] == before["map_50_95"] and after["map_50"] == before["map_50"]
+    assert json.loads((repo / "metrics/export.json").read_text())["source"] == "inputs/detector.onnx"
+    summary = json.loads((repo / "metrics/summary.json").read_text())
+    assert {"map_50_95", "map_drop_pts", "agreement"} <= set(summary["static"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source", ["coco", "yolo"])
+def test_a_detection_folder_runs_end_to_end(tmp_path, source):
+    repo = make_project(tmp_path / "repo", {**DETECTION_PARAMS, "prepare": {
+        "task": "detection", "source": source, "path": f"inputs/{source}", "calib_size": 16}})
+    (make_coco_folder if source == "coco" else make_yolo_folder)(repo / "inputs" / source)
+    dvc(repo, "repro")
+    prepare = json.loads((repo / "metrics/prepare.json").read_text())
+    assert prepare["task"] == "detection" and prepare["source"] == source
+    summary = json.loads((repo / "metrics/summary.json").read_text())
+    assert summary["task"] == "detection"
+    for v in ("fp32", "static"):
+        assert 0 <= summary[v]["map_50_95"] <= 1
+    gt = json.loads((repo / "data/prepared/test_annotations.json").read_text())
+    ids = {c["id"] for c in gt["categories"]}
+    assert ids == (set(range(11, 21)) if source == "coco" else set(range(1, 11)))
+    dets = json.loads((repo / "data/detections/static.json").read_text())
+    assert {d["category_id"] for d in dets} <= ids
