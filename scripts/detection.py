@@ -106,6 +106,7 @@ def dark_calibration(repo: Path, log: Path, ladder: bool) -> dict:
     set_params(repo, {"quantize_static": {"max_fallback_steps": steps}})
     return {"name": "static, dark calibration" + (", recovery ladder" if ladder else ", plain PTQ"),
             "variant": "static", "nodes_in_float": q["nodes_in_float"],
+            "decode_in_float": bool(q.get("decode_in_float")),
             "map_50_95": ev["map_50_95"], "map_50": ev["map_50"],
             "fp32_map_50_95": ev["fp32_map_50_95"], "map_drop_pts": ev["map_drop_pts"],
             "agreement": ev["agreement"], "calibration_warnings": q["calibration_warnings"],

@@ -6,8 +6,6 @@ from __future__ import annotations
 import contextlib
 import io
 
-import numpy as np
-
 from quantpipe.detection.post import Detections
 
 
@@ -59,6 +57,3 @@ def detections_map(detections: list[Detections], ground_truth: dict,
                    category_ids: tuple[int, ...]) -> dict:
     return score(ground_truth, results(detections, category_ids))
 
-
-def stats_of(values: np.ndarray) -> dict:
-    return {"mean": round(float(values.mean()), 6), "std": round(float(values.std()), 6)}

@@ -301,6 +301,13 @@ def load_yolo(root: Path, channels: int | None, size: int):
 
 def load_detection_source(source: str, path: str | None, channels: int | None, size: int):
     """images (N, C, size, size) uint8, objects per image, class names, category ids."""
+    x, objects, names, ids = _load(source, path, channels, size)
+    if not any(len(o) for o in objects):
+        raise UserError(f"{path or source}: no image has an object; a detector needs boxes")
+    return x, objects, names, ids
+
+
+def _load(source: str, path: str | None, channels: int | None, size: int):
     if source == "digits_detection":
         from quantpipe.data import load_mnist5k
 

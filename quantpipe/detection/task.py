@@ -58,8 +58,14 @@ def judge(val_out: np.ndarray, pool_out: np.ndarray, ref_val_map: float, ref_poo
           min_pool_agreement: float, agreement_floor: float):
     """A quantized candidate against FP32: the drop of validation mAP@[.5:.95] in points and
     detection agreement on the pool; real when agreement is under agreement_floor, or the drop
-    exceeds max_drop_pts with agreement under min_pool_agreement (quantpipe.criterion's rules,
-    with mAP points for accuracy points; there is no McNemar test for mAP)."""
+    exceeds max_drop_pts.
+
+    Unlike a classifier's (quantpipe.criterion), high agreement on the pool does not excuse a
+    drop: agreement counts detections that match at IoU >= 0.5, while mAP@[.5:.95] also scores
+    how tight the boxes are (a quantized decode kept 99.7% agreement and lost 4.3 points). And
+    mAP is not a count of flipped images: on a few hundred images it moves little by chance,
+    so there is no McNemar test to tell noise from loss. min_pool_agreement is recorded
+    beside the verdict."""
     from quantpipe.criterion import Judged
 
     metrics, _ = scored(val_out, val, info, p)
@@ -71,15 +77,14 @@ def judge(val_out: np.ndarray, pool_out: np.ndarray, ref_val_map: float, ref_poo
             f"detection agreement with FP32 on {len(pool_out)} pool images {a:.2%} < "
             f"agreement_floor {agreement_floor:.2%} (validation mAP drop {drop:.2f} points)")
     elif drop <= max_drop_pts:
-        real, rule, why = False, "within_drop", f"validation mAP drop {drop:.2f} points <= {max_drop_pts}"
-    elif a >= min_pool_agreement:
-        real, rule, why = False, "pool_agreement", (
-            f"validation mAP drop {drop:.2f} points, but detection agreement with FP32 on "
-            f"{len(pool_out)} pool images is {a:.2%} >= min_pool_agreement {min_pool_agreement:.2%}")
+        real, rule, why = False, "within_drop", (
+            f"validation mAP@[.5:.95] drop {drop:.2f} points <= {max_drop_pts} (detection "
+            f"agreement with FP32 on {len(pool_out)} pool images {a:.2%})")
     else:
         real, rule, why = True, "real_drop", (
-            f"validation mAP@[.5:.95] drop {drop:.2f} points > {max_drop_pts}, detection "
-            f"agreement with FP32 on {len(pool_out)} pool images {a:.2%} < {min_pool_agreement:.2%}")
+            f"validation mAP@[.5:.95] drop {drop:.2f} points > {max_drop_pts} (detection "
+            f"agreement with FP32 on {len(pool_out)} pool images {a:.2%}, min_pool_agreement "
+            f"{min_pool_agreement:.2%})")
     record = {"val_accuracy": metrics["map_50_95"], "accuracy_drop_pp": drop,
               "val": {"samples": len(val), "map_50_95": metrics["map_50_95"],
                       "map_50": metrics["map_50"]},
