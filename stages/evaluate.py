@@ -57,19 +57,12 @@ def main(argv: list[str]) -> None:
     if info.task == "detection":
         from quantpipe.detection import task
 
-        d = params.load(DetectParams)
         task.check_output(logits, info, str(path))
-        scores, results = task.scored(logits, test, info, d)
-        fp32_scores = scores if variant == "fp32" else task.scored(ref, test, info, d)[0]
-        quality = {**scores, "samples": len(test), "fp32_map_50_95": fp32_scores["map_50_95"],
-                   "map_drop_pts": round((fp32_scores["map_50_95"] - scores["map_50_95"]) * 100, 4),
-                   **task.agreement(logits, ref, d).as_dict(),
-                   "max_abs_output_error": round(float(abs(logits - ref).max()), 6)}
-        pool = task.agreement(pool_out, pool_ref, d).as_dict()
-        pool = {"samples": len(pool_x), **pool}
-        summary = (f"mAP@[.5:.95] {scores['map_50_95']:.4f} (drop {quality['map_drop_pts']:.2f} "
-                   f"points), mAP@.5 {scores['map_50']:.4f}, detection agreement with fp32 "
-                   f"{quality['agreement']:.4f} (pool of {len(pool_x)}: {pool['agreement']:.4f})")
+        quality, pool, results = task.evaluation(logits, ref, pool_out, pool_ref, test, info,
+                                                 params.load(DetectParams))
+        summary = (f"mAP@[.5:.95] {quality['map_50_95']:.4f} (drop {quality['map_drop_pts']:.2f} "
+                   f"points), mAP@.5 {quality['map_50']:.4f}, detection agreement with fp32 "
+                   f"{quality['agreement']:.4f} (pool of {pool['samples']}: {pool['agreement']:.4f})")
     else:
         results = []
         quality = evaluate.accuracy_metrics(logits, ref, test.y, info.num_classes)

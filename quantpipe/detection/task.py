@@ -28,6 +28,21 @@ def agreement(out: np.ndarray, ref_out: np.ndarray, p: DetectParams) -> post.Agr
     return post.agreement(post.decode(ref_out, **p.decode_args()), post.decode(out, **p.decode_args()))
 
 
+def evaluation(out: np.ndarray, ref: np.ndarray, pool_out: np.ndarray, pool_ref: np.ndarray,
+               test: Split, info: DataInfo, p: DetectParams) -> tuple[dict, dict, list[dict]]:
+    """evaluate's numbers for a detector: COCO metrics on the test split, the drop against
+    FP32 (ref: FP32's outputs; the same array for fp32 itself), detection agreement on test
+    and on the pool, the largest raw output error; and the COCO results they were scored from."""
+    scores, results = scored(out, test, info, p)
+    fp32 = scores if ref is out else scored(ref, test, info, p)[0]
+    quality = {**scores, "samples": len(test), "fp32_map_50_95": fp32["map_50_95"],
+               "map_drop_pts": round((fp32["map_50_95"] - scores["map_50_95"]) * 100, 4),
+               **agreement(out, ref, p).as_dict(),
+               "max_abs_output_error": round(float(np.abs(out - ref).max()), 6)}
+    pool = {"samples": len(pool_out), **agreement(pool_out, pool_ref, p).as_dict()}
+    return quality, pool, results
+
+
 def check_output(out: np.ndarray, info: DataInfo, where: str) -> None:
     """A detector's output must be (N, 4 + classes, anchors)."""
     from quantpipe.errors import UserError
