@@ -54,14 +54,14 @@ def within_budget(runs: int, rounds: int, seconds_per_run: float, budget: float 
 
 
 def _warm(runners: list[Runner], x: np.ndarray, warmup: int) -> float:
-    """Run each runner `warmup` times (at least once); the seconds one run of each takes
-    together, from the last warm-up runs."""
+    """Run each runner `warmup` times; the seconds one run of each takes together, from the
+    last warm-up runs (0 without warm-up: then no budget applies)."""
     total = 0.0
     for run in runners:
-        for i in range(max(warmup, 1)):
+        for i in range(warmup):
             start = time.perf_counter()
             run(x)
-            if i == max(warmup, 1) - 1:
+            if i == warmup - 1:
                 total += time.perf_counter() - start
     return total
 

@@ -13,9 +13,10 @@ from quantpipe.schemas.train import TrainParams
 
 def main(argv: list[str]) -> None:
     args = stage_args("bench_torch", argv, "model", "fp32", "data", "machine", "metrics")
-    info = data.load_info(args.data)
-    p, name = params.load(BenchParams), params.load(TrainParams).for_task(info.task).model
+    p, train_p = params.load(BenchParams), params.load(TrainParams)
     level = params.load(RuntimeParams).graph_optimization_level
+    info = data.load_info(args.data)
+    name = train_p.for_task(info.task).model
     if info.task == "detection":
         # The eager baseline is a classifier's comparison (its accuracy is argmax of logits);
         # a detector's FP32 reference is its ONNX export, parity-checked on detections.

@@ -16,9 +16,10 @@ PARITY_SAMPLES = 256
 
 def main(argv: list[str]) -> None:
     args = stage_args("export", argv, "data", "model", "out", "metrics")
-    info = data.load_info(args.data)
-    p, model_name = params.load(ExportParams), params.load(TrainParams).for_task(info.task).model
+    p, train_p = params.load(ExportParams), params.load(TrainParams)
     level = params.load(RuntimeParams).graph_optimization_level
+    info = data.load_info(args.data)
+    model_name = train_p.for_task(info.task).model
     test = data.load_split(args.data, "test")
     x = data.normalize(test.x[:PARITY_SAMPLES], info)
     source = models.onnx_source(model_name)

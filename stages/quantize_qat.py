@@ -39,10 +39,11 @@ def compare(got: np.ndarray, expected: np.ndarray) -> dict:
 
 def main(argv: list[str]) -> None:
     args = stage_args("quantize_qat", argv, "model", "data", "calibration", "out", "metrics")
-    info = data.load_info(args.data)
-    p, train_p = params.load(QuantizeQATParams), params.load(TrainParams).for_task(info.task)
+    p, train_p = params.load(QuantizeQATParams), params.load(TrainParams)
     level = params.load(RuntimeParams).graph_optimization_level
     seed, opset = params.seed(), params.load(ExportParams).opset
+    info = data.load_info(args.data)
+    train_p = train_p.for_task(info.task)
     name = train_p.model
 
     def skip(reason: str) -> None:

@@ -12,8 +12,9 @@ from quantpipe.schemas.train import TrainParams
 
 def main(argv: list[str]) -> None:
     args = stage_args("train", argv, "data", "model", "metrics", "curve")
+    p, seed = params.load(TrainParams), params.seed()  # a bad key stops before the data is read
     info = data.load_info(args.data)
-    p, seed = params.load(TrainParams).for_task(info.task), params.seed()
+    p = p.for_task(info.task)
     models.check_model_name(p.model, info.task)
     if models.onnx_source(p.model):
         # Nothing to train: the export stage takes the ONNX file. DVC still needs this stage's

@@ -455,7 +455,7 @@ def test_an_untrusted_engine_is_in_the_summary_and_out_of_best(evals, benches):
                                openvino_agreement=0.9)
     s = report.build_summary(evals, benches)
     ov = s["static"]["runtimes"]["openvino"]
-    assert ov["failed"].startswith("models/static.onnx on OpenVINO: its top-1 agrees")
+    assert ov["failed"].startswith("models/static.onnx on OpenVINO: its predictions agree")
     assert ov["parity"]["agreement"] == 0.9 and ov["latency_p50_ms"]["bs64"] == pytest.approx(1.6)
     best = s["static"]["best"]
     assert {row["runtime"] for row in best["latency"].values()} == {"onnxruntime"}
@@ -707,7 +707,7 @@ def test_markdown_names_the_fastest_engine_per_variant_and_what_was_left_out(eva
             "FP32: ONNX Runtime, 2 threads, 4.000 ms); throughput OpenVINO, 2 streams x 1 thread, "
             "100,000 images/s (x5.00 the best FP32: ONNX Runtime, 2 streams x 1 thread, 20,000).") in text
     assert "- **qat**: at bs1 ONNX Runtime, 2 threads, 0.050 ms" in text
-    assert ("- OpenVINO is left out of qat's best: models/qat.onnx on OpenVINO: its top-1 agrees "
+    assert ("- OpenVINO is left out of qat's best: models/qat.onnx on OpenVINO: its predictions agree "
             "with ONNX Runtime's on 90.00% of 1000 test samples.") in text
 
 

@@ -10,7 +10,8 @@ from helpers import content_md5s, lock_md5s
 
 # Every cached data/model output the pipeline writes (metrics carry timings and are not compared).
 OUTPUTS = ("data/prepared", "data/calibration", "models/model.pt", "models/exported.onnx",
-           "models/fp32.onnx", "models/dynamic.onnx", "models/static.onnx", "models/qat.onnx")
+           "models/fp32.onnx", "models/dynamic.onnx", "models/static.onnx", "models/qat.onnx",
+           *(f"data/detections/{v}.json" for v in ("fp32", "dynamic", "static", "qat")))
 
 
 @pytest.fixture(scope="module")

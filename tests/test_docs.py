@@ -14,7 +14,7 @@ from quantpipe import docs
 from quantpipe.schemas.all import Params
 
 METRICS = ("metrics/summary.json", "metrics/bench/static.json", "metrics/families.json",
-           "metrics/engines.json", "metrics/qat_hard.json")
+           "metrics/engines.json", "metrics/qat_hard.json", "metrics/detection.json")
 
 
 def test_every_generated_table_is_the_committed_metrics():
