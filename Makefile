@@ -39,7 +39,8 @@ repro: env
 	@echo "         metrics/ (summary.json, report.md, per-stage JSON). Compare with: make diff"
 
 # `slow` tests (every torchvision family end to end; the Dask sweeps: S3, a killed worker, a
-# re-submission; several minutes) are left to test-all and test-slow.
+# re-submission; the forced re-run's identical bytes; detection folders; ~40 minutes) are left
+# to test-all and test-slow (CI runs both).
 test: env
 	python -m pytest -q -m "not slow" tests
 

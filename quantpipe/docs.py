@@ -246,6 +246,13 @@ def qat_hard_table(hard: dict) -> str:
     return "\n".join(lines)
 
 
+def _pipeline(row: dict) -> str:
+    if row.get("pipeline_seconds") is None:
+        return "—"
+    train = row.get("train_seconds")
+    return f"{row['pipeline_seconds']:.0f} s" + (f" (train {train:.0f} s)" if train else "")
+
+
 def detection_table(record: dict) -> str:
     """metrics/detection.json (scripts/detection.py): the default detector, its decode quantized,
     a dark calibration set, and the same detector brought as a YOLO-layout ONNX."""
@@ -268,7 +275,7 @@ def detection_table(record: dict) -> str:
                      "—" if r.get("nodes_in_float") is None else str(len(r["nodes_in_float"])),
                      "; ".join(w.split(": ", 1)[1].split(" averages")[0] for w in warnings) or
                      ("none" if r["variant"] == "static" else "—"),
-                     "—" if r.get("pipeline_seconds") is None else f"{r['pipeline_seconds']:.0f} s"])
+                     _pipeline(r)])
     stages = record.get("stage_seconds", {})
     note = (f"Measured on {rows[0]['cpu']}. mAP and drop on the test split; agreement: matched "
             "detections with FP32 (IoU >= 0.5, same label; the lower of both directions). "

@@ -21,8 +21,9 @@ from torch import nn
 from quantpipe.errors import UserError
 
 ZOO = ("simple_cnn", "mnist_net")
-# Detectors (prepare.task: detection): quantpipe's own (quantpipe.detection.model).
-DETECTORS = ("tiny_detector",)
+# Detectors (prepare.task: detection): quantpipe's own (quantpipe.detection.model) and
+# torchvision's, ending in Ultralytics' output layout (quantpipe.detection.zoo).
+DETECTORS = ("tiny_detector", "ssdlite320_mobilenet_v3_large")
 
 
 class SimpleCNN(nn.Module):
@@ -116,6 +117,10 @@ def build_model(name: str, channels: int, image_size: int, num_classes: int) -> 
         from quantpipe.detection.model import TinyDetector
 
         return TinyDetector(channels, image_size, num_classes)
+    if name == "ssdlite320_mobilenet_v3_large":
+        from quantpipe.detection.zoo import SSDLite
+
+        return SSDLite(channels, image_size, num_classes)
     if name == "mnist_net":
         if image_size < 6:
             raise UserError(f"train.model = mnist_net needs prepare.image_size >= 6, got {image_size}")

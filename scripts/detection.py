@@ -9,12 +9,14 @@ default detector on the embedded canvases), then
 - static with the decode quantized too (detect.float_decode: false; only the static branch
   re-runs): what keeping it float buys;
 - the same detector brought as ONNX in the YOLOv8/YOLO11 output layout
-  (train.model: onnx:inputs/detector.onnx, its fp32.onnx copied there).
+  (train.model: onnx:inputs/detector.onnx, its fp32.onnx copied there);
+- torchvision's SSDLite (train.model: ssdlite320_mobilenet_v3_large) at SSDLITE's image size
+  and epochs.
 
     python scripts/detection.py                     # -> metrics/detection.json + table
     python scripts/detection.py --workdir /tmp/det -o /tmp/detection.json
 
-About 15 minutes on 2 cores.
+About 35 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ from quantpipe.studies import clone, dvc, repro, set_params
 
 ROOT = Path(__file__).resolve().parents[1]
 DARK_CALIBRATION = 256
+# SSDLite from random init: 522 default boxes at 128 px (144 at 64), and far more epochs than
+# tiny_detector needs.
+SSDLITE = {"prepare": {"image_size": 128}, "train": {"model": "ssdlite320_mobilenet_v3_large",
+                                                     "epochs": 12}}
 
 
 def read(repo: Path, rel: str) -> dict:
@@ -56,7 +62,9 @@ def row(repo: Path, name: str, variant: str, seconds: float | None) -> dict:
            "fp32_map_50_95": summary["fp32"]["map_50_95"],
            "map_drop_pts": s.get("map_drop_pts", 0.0), "agreement": s.get("agreement", 1.0),
            "sizes": sizes, "cpu": summary["machine"].get("cpu"),
-           "pipeline_seconds": None if seconds is None else round(seconds, 1)}
+           "pipeline_seconds": None if seconds is None else round(seconds, 1),
+           "train_seconds": read(repo, "metrics/train.json").get("seconds")
+           if seconds is not None else None}
     if variant != "fp32":
         out.update({
             "speedup": s["speedup"], "speedup_1thread": one.get("speedup"),
@@ -141,6 +149,13 @@ def main() -> None:
     seconds = repro(repo, log)
     rows += [row(repo, "YOLO-layout ONNX (onnx:inputs/detector.onnx)", v,
                  seconds if v == "fp32" else None) for v in ("fp32", "static")]
+
+    set_params(repo, SSDLITE)
+    seconds = repro(repo, log)
+    name = (f"{SSDLITE['train']['model']} ({SSDLITE['prepare']['image_size']} px, "
+            f"{SSDLITE['train']['epochs']} epochs)")
+    rows += [row(repo, name, v, seconds if v == "fp32" else None)
+             for v in ("fp32", "dynamic", "static")]
     record = {"rows": rows, "stage_seconds": stages}
     write_json(args.output, record)
     print(detection_table(record))

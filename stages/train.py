@@ -40,8 +40,7 @@ def main(argv: list[str]) -> None:
             return task.scored(out, val, info, detect)[0]["map_50"]
 
         history = train_detector(model, x_train, train.objects, x_val, val.objects,
-                                 num_classes=info.num_classes, epochs=p.epochs,
-                                 batch_size=p.batch_size, lr=p.lr, seed=seed,
+                                 epochs=p.epochs, batch_size=p.batch_size, lr=p.lr, seed=seed,
                                  score_map_50=val_map_50)
         summary = {"val_map_50": history[-1].val_map_50}
     else:

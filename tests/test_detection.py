@@ -103,6 +103,68 @@ def test_letterbox_keeps_the_aspect_and_centres():
     assert out[:, :16].max() == 0 and out[:, 16:48].min() == 200
 
 
+# --- torchvision's detectors -----------------------------------------------------------------
+
+def test_ssdlite_ends_in_the_yolo_layout_and_exports_with_any_batch(canvases):
+    """torchvision's SSDLite with its post-processing cut: the ONNX file takes any batch, and
+    decoding it gives PyTorch's detections (torchvision's own loop is fixed to one batch)."""
+    import onnxruntime as ort
+    import torch
+
+    from quantpipe.detection.zoo import SSDLite
+    from quantpipe.onnxutil import export_onnx
+
+    digits, (images, objects, _) = canvases
+    torch.manual_seed(0)
+    model = SSDLite(1, 64, 10).eval()
+    x = torch.from_numpy(images[:5].astype(np.float32) / 255)
+    with torch.no_grad():
+        ref = model(x).numpy()
+    assert ref.shape == (5, 4 + 10, len(model.anchors))
+    # Softmax over background and classes: the 10 class scores of an anchor sum below 1.
+    assert (ref[:, 4:].sum(1) < 1).all() and (ref[:, 4:] >= 0).all()
+    session = ort.InferenceSession(export_onnx(model, (1, 64, 64), 18).SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    for b in (1, 5):
+        out = session.run(None, {session.get_inputs()[0].name: x[:b].numpy()})[0]
+        assert np.abs(out - ref[:b]).max() <= 1e-4 * max(1.0, np.abs(ref).max())
+    kwargs = {"score_threshold": 0.05, "iou_threshold": 0.6, "max_detections": 100}
+    p = post.parity(post.decode(ref, **kwargs), post.decode(out, **kwargs))
+    assert p["unmatched"] == 0, p
+
+
+def test_ssdlite_learns_with_torchvision_ssd_loss_images_without_objects_included(canvases):
+    import torch
+
+    from quantpipe.detection.zoo import SSDLite
+
+    digits, (images, objects, _) = canvases
+    torch.manual_seed(0)
+    model = SSDLite(1, 64, 10).train()
+    x = torch.from_numpy(images[:8].astype(np.float32) / 255)
+    objs = [*objects[:7], np.zeros((0, 5), np.float32)]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(8):
+        optimizer.zero_grad()
+        loss = model.loss(x, objs)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert np.isfinite(losses).all() and losses[-1] < 0.7 * losses[0], losses
+
+
+def test_detectors_need_the_detection_task():
+    from quantpipe.errors import UserError
+    from quantpipe.models import check_model_name
+
+    check_model_name("ssdlite320_mobilenet_v3_large", "detection")
+    with pytest.raises(UserError, match="is a detector; set prepare.task: detection"):
+        check_model_name("ssdlite320_mobilenet_v3_large", "classification")
+    with pytest.raises(UserError, match="is not a detector"):
+        check_model_name("resnet18", "detection")
+
+
 # --- your own data: COCO and YOLO folders ----------------------------------------------------
 
 def _digit_images(n: int, seed: int = 0) -> list[tuple[np.ndarray, list]]:
@@ -297,6 +359,7 @@ def test_the_decode_stays_float_in_the_static_model(detection_run):
     assert q["task"] == "detection" and "map_50_95" in q["val"]
 
 
+@pytest.mark.slow  # quantize_static and evaluate twice by hand, ~40 s
 def test_a_calibration_set_of_dark_canvases_is_warned_about_and_costs_map(detection_run, tmp_path):
     """The ORT chapter's war story: calibrated on dark canvases only (a night-only calibration
     set for a test split half lit), quantize_static names the measures that differ, and plain

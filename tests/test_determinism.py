@@ -8,6 +8,9 @@ import pytest
 from conftest import copy_project, reproduce
 from helpers import content_md5s, lock_md5s
 
+# A forced re-run of the whole pipeline (~80 s): with the slow tests.
+pytestmark = pytest.mark.slow
+
 # Every cached data/model output the pipeline writes (metrics carry timings and are not compared).
 OUTPUTS = ("data/prepared", "data/calibration", "models/model.pt", "models/exported.onnx",
            "models/fp32.onnx", "models/dynamic.onnx", "models/static.onnx", "models/qat.onnx",

@@ -134,6 +134,7 @@ def stages_run(repo: Path, name: str) -> set[str]:
     return set(re.findall(r"Running stage '([^']+)'", log))
 
 
+@pytest.mark.slow  # two queued experiments through DVC's celery workers, ~80 s
 def test_queued_sweep_shows_both_experiments_with_metrics(queue, tmp_path):
     repo = queue
     queued = dvc(repo, "exp", "run", "--queue",

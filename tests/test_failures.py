@@ -464,10 +464,14 @@ KILL_CASES = [
     ("quantize_static", {"quantize_static": {"reduce_range": True}}, "models/static.onnx", "stage",
      signal.SIGKILL),
 ]
+# make test kills one stage each way (SIGKILL of the group, SIGKILL of the stage alone); the
+# SIGTERM cases run with the slow tests (each is a partial pipeline run, ~30 s).
+SLOW_KILLS = {0, 2}
 
 
-@pytest.mark.parametrize("stage, changes, output, target, sig", KILL_CASES,
-                         ids=[f"{c[0]}-{c[3]}-{c[4].name}" for c in KILL_CASES])
+@pytest.mark.parametrize("stage, changes, output, target, sig", [
+    pytest.param(*c, marks=[pytest.mark.slow] if i in SLOW_KILLS else [],
+                 id=f"{c[0]}-{c[3]}-{c[4].name}") for i, c in enumerate(KILL_CASES)])
 def test_stage_killed_midway_leaves_nothing_dvc_accepts_and_rerun_recovers(
         built, tmp_path, stage, changes, output, target, sig):
     out = built / output
@@ -561,7 +565,8 @@ def start_run(repo: Path, *args: str, log: Path, entry: bool = True) -> subproce
                                 start_new_session=True)
 
 
-@pytest.mark.parametrize("entry", [True, False], ids=["entry-point", "plain-dvc"])
+@pytest.mark.parametrize("entry", [pytest.param(True, id="entry-point"),
+                                   pytest.param(False, id="plain-dvc", marks=pytest.mark.slow)])
 def test_a_run_keeps_its_result_when_another_command_holds_the_lock_as_its_stage_ends(
         built, tmp_path, entry):
     """DVC releases its lock while a stage runs and takes it back to record the result; plain

@@ -115,6 +115,7 @@ def round_trip(tmp_path: Path, run: Path, *, name: str, url: str,
 
 # --- S3 (moto server, the `s3_endpoint` fixture in conftest.py) ----------------------------
 
+@pytest.mark.slow  # the same round trip as the local remote's, through a moto S3 server
 def test_s3_remote_round_trip(tmp_path, pipeline_run, s3_endpoint):
     ci_env = dict(os.environ)  # credentials in environment variables
     dev_env = {k: v for k, v in ci_env.items() if k not in AWS_CREDENTIALS}  # config.local only

@@ -214,6 +214,7 @@ def summary(repo: Path) -> dict:
     return json.loads((repo / "metrics/summary.json").read_text())
 
 
+@pytest.mark.slow  # a whole pipeline on 3-channel images, ~70 s
 def test_pipeline_from_an_image_folder_of_rgb_pngs(tmp_path):
     repo = make_project(tmp_path / "repo", {**E2E, "prepare": {
         "source": "imagefolder", "path": "inputs/shapes", "image_size": 16, "calib_size": 16,

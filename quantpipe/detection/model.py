@@ -66,6 +66,9 @@ class TinyDetector(nn.Module):
         box, cls = self.raw(x)
         return torch.cat([boxes_xywh(box, self.centres), cls.sigmoid()], 1)
 
+    def loss(self, x: torch.Tensor, objects: list[np.ndarray]) -> torch.Tensor:
+        return detection_loss(self, x, objects)
+
 
 def distances_xyxy(box: torch.Tensor, centres: torch.Tensor) -> torch.Tensor:
     """Raw (B, 4, A) -> (B, 4, A) x1, y1, x2, y2: softplus distances in cells from the centres."""
@@ -109,8 +112,8 @@ class DetEpoch:
     seconds: float
 
 
-def detection_loss(model: TinyDetector, x: torch.Tensor, objects: list[np.ndarray],
-                   num_classes: int) -> torch.Tensor:
+def detection_loss(model: TinyDetector, x: torch.Tensor,
+                   objects: list[np.ndarray]) -> torch.Tensor:
     """Per positive anchor: GIoU loss of its box; every anchor: BCE of the class scores (one-hot
     on positives, zero on background), normalised by the number of positives."""
     from torchvision.ops import generalized_box_iou_loss
@@ -132,12 +135,13 @@ def detection_loss(model: TinyDetector, x: torch.Tensor, objects: list[np.ndarra
     return loss
 
 
-def train_detector(model: TinyDetector, x_train: np.ndarray, obj_train: tuple[np.ndarray, ...],
-                   x_val: np.ndarray, obj_val: tuple[np.ndarray, ...], *, num_classes: int,
+def train_detector(model: nn.Module, x_train: np.ndarray, obj_train: tuple[np.ndarray, ...],
+                   x_val: np.ndarray, obj_val: tuple[np.ndarray, ...], *,
                    epochs: int, batch_size: int, lr: float, seed: int,
                    score_map_50, progress: bool = True) -> list[DetEpoch]:
-    """AdamW with a cosine schedule on normalized (N, C, S, S) inputs; score_map_50(model) is
-    the validation mAP@.5 after each epoch. Deterministic for a seed on a given machine."""
+    """AdamW with a cosine schedule on normalized (N, C, S, S) inputs, minimising the model's
+    own `loss(x, objects)`; score_map_50(model) is the validation mAP@.5 after each epoch.
+    Deterministic for a seed on a given machine."""
     torch.use_deterministic_algorithms(True)
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
@@ -157,8 +161,7 @@ def train_detector(model: TinyDetector, x_train: np.ndarray, obj_train: tuple[np
             if step >= steps:
                 break
             optimizer.zero_grad()
-            loss = detection_loss(model, x_all[idx], [obj_train[i] for i in idx.tolist()],
-                                  num_classes)
+            loss = model.loss(x_all[idx], [obj_train[i] for i in idx.tolist()])
             loss.backward()
             optimizer.step()
             schedule.step()
@@ -166,8 +169,7 @@ def train_detector(model: TinyDetector, x_train: np.ndarray, obj_train: tuple[np
             total += loss.item() * len(idx)
         model.eval()
         with torch.no_grad():
-            val_loss = float(detection_loss(model, torch.from_numpy(x_val), list(obj_val),
-                                            num_classes))
+            val_loss = float(model.loss(torch.from_numpy(x_val), list(obj_val)))
         history.append(DetEpoch(epoch=epoch, train_loss=round(total / sum(map(len, batches)), 6),
                                 val_loss=round(val_loss, 6), val_map_50=round(score_map_50(model), 6),
                                 seconds=round(time.perf_counter() - start, 3)))
