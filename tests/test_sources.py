@@ -231,6 +231,7 @@ def test_pipeline_from_an_image_folder_of_rgb_pngs(tmp_path):
                       "recommended"}
 
 
+@pytest.mark.slow  # a whole pipeline from an ONNX file, ~100 s (make test stays under 15 min)
 def test_pipeline_with_a_brought_onnx_model(tmp_path):
     repo = make_project(tmp_path / "repo", {**E2E, "prepare": {
         "source": "digits", "image_size": 8, "calib_size": 32},
