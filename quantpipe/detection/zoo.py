@@ -21,8 +21,6 @@ import numpy as np
 import torch
 from torch import nn
 
-SSDLITE = "ssdlite320_mobilenet_v3_large"
-
 
 class SSDLite(nn.Module):
     """torchvision's SSDLite320-MobileNetV3-Large at image_size x image_size, `channels` in,
@@ -61,13 +59,14 @@ class SSDLite(nn.Module):
         return head["bbox_regression"], head["cls_logits"]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, S, S) -> (B, 4 + K, A)
+        from torchvision.ops import box_convert
+
         reg, logits = self.raw(x)
         b, a = reg.shape[:2]
         xyxy = self.det.box_coder.decode_single(reg.reshape(-1, 4),
                                                 self.anchors.repeat(b, 1)).reshape(b, a, 4)
-        xywh = torch.cat([(xyxy[..., :2] + xyxy[..., 2:]) / 2, xyxy[..., 2:] - xyxy[..., :2]], -1)
         scores = logits.softmax(-1)[..., 1:]
-        return torch.cat([xywh, scores], -1).transpose(1, 2)
+        return torch.cat([box_convert(xyxy, "xyxy", "cxcywh"), scores], -1).transpose(1, 2)
 
     def loss(self, x: torch.Tensor, objects: list[np.ndarray]) -> torch.Tensor:
         """torchvision's SSD training loss (SSD.forward's training branch without the
