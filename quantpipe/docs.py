@@ -283,7 +283,9 @@ def detection_table(record: dict) -> str:
             "`dvc repro` from scratch (the dark-calibration row ran two stages by hand; the "
             "quantized-decode row re-ran the static branch only). Stage times of the default "
             f"run: train {stages.get('train', 0):.0f} s, quantize_static "
-            f"{stages.get('quantize_static', 0):.0f} s.")
+            f"{stages.get('quantize_static', 0):.0f} s"
+            + (f", quantize_qat {stages['quantize_qat']:.0f} s" if stages.get("quantize_qat") else "")
+            + ".")
     return "\n".join(_table(head, body) + ["", note])
 
 

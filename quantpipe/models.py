@@ -23,7 +23,7 @@ from quantpipe.errors import UserError
 ZOO = ("simple_cnn", "mnist_net")
 # Detectors (prepare.task: detection): quantpipe's own (quantpipe.detection.model) and
 # torchvision's, ending in Ultralytics' output layout (quantpipe.detection.zoo).
-DETECTORS = ("tiny_detector", "ssdlite320_mobilenet_v3_large")
+DETECTORS = ("tiny_detector", "ssdlite320_mobilenet_v3_large", "fasterrcnn_mobilenet_v3_large_320_fpn")
 
 
 class SimpleCNN(nn.Module):
@@ -121,6 +121,10 @@ def build_model(name: str, channels: int, image_size: int, num_classes: int) -> 
         from quantpipe.detection.zoo import SSDLite
 
         return SSDLite(channels, image_size, num_classes)
+    if name == "fasterrcnn_mobilenet_v3_large_320_fpn":
+        from quantpipe.detection.zoo import FasterRCNN
+
+        return FasterRCNN(channels, image_size, num_classes)
     if name == "mnist_net":
         if image_size < 6:
             raise UserError(f"train.model = mnist_net needs prepare.image_size >= 6, got {image_size}")

@@ -45,6 +45,8 @@ DARK_CALIBRATION = 256
 SSDLITE = {"prepare": {"image_size": 64}, "train": {"model": "ssdlite320_mobilenet_v3_large",
                                                     "epochs": 12}}
 
+VARIANTS = ("fp32", "dynamic", "static", "qat")
+
 
 def read(repo: Path, rel: str) -> dict:
     return json.loads((repo / rel).read_text())
@@ -71,15 +73,17 @@ def row(repo: Path, name: str, variant: str, seconds: float | None) -> dict:
             "end_to_end_speedup": s["end_to_end"]["speedup"],
             "end_to_end_speedup_1thread": s["end_to_end"]["by_threads"]
             .get("threads1", {}).get("speedup"),
-            "decode_in_float": bool(q.get("decode_in_float")) if variant == "static" else None,
-            "nodes_in_float": q["nodes_in_float"] if variant == "static" else None,
+            # QAT keeps the decode float always (quantpipe.engines.qat.FloatDecode).
+            "decode_in_float": {"static": bool(q.get("decode_in_float")), "qat": True}.get(variant),
+            "nodes_in_float": {"static": q["nodes_in_float"], "qat": []}.get(variant),
             "calibration_warnings": q["calibration_warnings"] if variant == "static" else []})
     return out
 
 
 def stage_seconds(repo: Path) -> dict:
     return {"train": read(repo, "metrics/train.json").get("seconds"),
-            "quantize_static": read(repo, "metrics/quantize_static.json")["seconds"]}
+            "quantize_static": read(repo, "metrics/quantize_static.json")["seconds"],
+            "quantize_qat": read(repo, "metrics/quantize_qat.json").get("seconds")}
 
 
 def run_stage(repo: Path, log: Path, stage: str, variant: str | None = None) -> None:
@@ -127,7 +131,7 @@ def ssdlite_rows(repo: Path, log: Path) -> list[dict]:
     name = (f"{SSDLITE['train']['model']} ({SSDLITE['prepare']['image_size']} px, "
             f"{SSDLITE['train']['epochs']} epochs)")
     return [row(repo, name, v, seconds if v == "fp32" else None)
-            for v in ("fp32", "dynamic", "static")]
+            for v in VARIANTS]
 
 
 def main() -> None:
@@ -148,7 +152,7 @@ def main() -> None:
         return
     seconds = repro(repo, log)
     rows = [row(repo, "tiny_detector", v, seconds if v == "fp32" else None)
-            for v in ("fp32", "dynamic", "static")]
+            for v in VARIANTS]
     stages = stage_seconds(repo)
 
     rows += [dark_calibration(repo, log, ladder=False), dark_calibration(repo, log, ladder=True)]

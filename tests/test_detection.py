@@ -154,11 +154,109 @@ def test_ssdlite_learns_with_torchvision_ssd_loss_images_without_objects_include
     assert np.isfinite(losses).all() and losses[-1] < 0.7 * losses[0], losses
 
 
+@pytest.mark.slow  # the dynamo export of a two-stage graph, ~30 s
+def test_faster_rcnn_is_cut_to_a_fixed_shape_graph_that_exports_with_any_batch(canvases):
+    """torchvision's two-stage detector as a graph of fixed shape: the RPN's best proposals
+    without NMS, RoIAlign from their FPN level, the box of each proposal's best class, in the
+    YOLO layout; the ONNX export takes any batch and gives PyTorch's detections. Its losses are
+    torchvision's; a validation loss leaves BatchNorm's statistics alone. QAT is refused with
+    its reason."""
+    import onnxruntime as ort
+    import torch
+
+    from quantpipe.detection.zoo import PROPOSALS, FasterRCNN
+    from quantpipe.engines import qat
+    from quantpipe.onnxutil import export_onnx
+
+    _, (images, objects, _) = canvases
+    torch.manual_seed(0)
+    model = FasterRCNN(1, 64, 10)
+    x = torch.from_numpy(images[:5].astype(np.float32) / 255)
+    objs = [*objects[:4], np.zeros((0, 5), np.float32)]
+    model.train()
+    loss = model.loss(x, objs)
+    loss.backward()
+    assert np.isfinite(loss.item()) and model.det.backbone.body["0"][0].weight.grad is not None
+    model.eval()
+    stats = model.det.backbone.body["0"][1].running_mean.clone()
+    with torch.no_grad():
+        assert np.isfinite(model.loss(x, objs).item()) and not model.training
+        ref = model(x).numpy()
+    assert torch.equal(stats, model.det.backbone.body["0"][1].running_mean)
+    assert ref.shape == (5, 4 + 10, PROPOSALS)
+    boxes = ref[:, :4]  # centre x, centre y, width, height, inside the image
+    assert (boxes[:, 2:] >= 0).all() and (np.abs(boxes[:, :2] - 32) <= 32).all()
+    session = ort.InferenceSession(export_onnx(model, (1, 64, 64), 18).SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    kwargs = {"score_threshold": 0.05, "iou_threshold": 0.6, "max_detections": 100}
+    for b in (1, 5):
+        out = session.run(None, {session.get_inputs()[0].name: x[:b].numpy()})[0]
+        assert np.abs(out - ref[:b]).max() <= 1e-4 * max(1.0, np.abs(ref).max())
+        p = post.parity(post.decode(ref[:b], **kwargs), post.decode(out, **kwargs))
+        assert p["detections"] > 0 and p["unmatched"] == 0, p
+    with pytest.raises(qat.Unsupported, match="two-stage detector"):
+        qat.prepare_detector(model, (1, 64, 64), True, "fasterrcnn_mobilenet_v3_large_320_fpn")
+
+
+def test_qat_of_a_detector_fake_quantizes_its_convs_and_exports_its_decode_in_float(canvases,
+                                                                                   tmp_path):
+    """quantize_qat for a detector: fake quantization in the learned layers only (the float
+    detector lends its decode and loss, not its weights), a fine-tune on the detector's own
+    loss that moves the ranges, and a QDQ export whose decode runs in float, equal to the
+    fake-quant PyTorch model at any batch size, every conv an integer kernel in ORT. (Parity on
+    detections is checked on a trained detector by quantize_qat in the pipeline test.)"""
+    import onnx
+    import onnxruntime as ort
+    import torch
+    from onnxruntime import GraphOptimizationLevel
+
+    from quantpipe.detection.model import TinyDetector, train_detector
+    from quantpipe.engines import qat
+    from quantpipe.onnxutil import make_session, run_batched
+
+    _, (images, objects, _) = canvases
+    x, objs = images[:64].astype(np.float32) / 255, objects[:64]
+    torch.manual_seed(0)
+    qmodel = qat.prepare_detector(TinyDetector(1, 64, 10), (1, 64, 64), True, "tiny_detector")
+    qat.calibrate(qmodel.body, x, batch_size=16)
+    assert {n for n, _ in qmodel.named_parameters()} == {f"body.{n}" for n, _ in
+                                                          qmodel.body.named_parameters()}
+    before = [fq.scale.clone() for fq in qat.fake_quants(qmodel.body)]
+    history, steps = qat.fit_with_fake_quant(qmodel.body, lambda on_step: train_detector(
+        qmodel, x, objs, x[:8], objs[:8], epochs=1, batch_size=32, lr=1e-3, seed=0,
+        progress=False, score_map_50=lambda m: 0.0, on_step=on_step),
+        freeze_bn_after=1, freeze_observers_after=None)
+    assert steps == 2 and np.isfinite(history[-1].train_loss)
+    assert any(not torch.equal(b, fq.scale) for b, fq in zip(before, qat.fake_quants(qmodel.body)))
+    qat.fold_batch_norms(qmodel.body)
+    with qat.onnx_rounding(qmodel.body):
+        expected = qmodel(torch.from_numpy(x)).detach().numpy()
+    proto = qat.export_qdq(qmodel, (1, 64, 64), 17, "tiny_detector")
+    # The decode is float: no QuantizeLinear after Softplus or Sigmoid, a float Concat last.
+    ops = {o: n.op_type for n in proto.graph.node for o in n.output}
+    assert qat.output_step(proto) is None and ops[proto.graph.output[0].name] == "Concat"
+    tail = {o for o, op in ops.items() if op in ("Softplus", "Sigmoid")}
+    assert len(tail) == 2 and not [n for n in proto.graph.node if n.op_type == "QuantizeLinear"
+                                   and n.input[0] in tail]
+    onnx.checker.check_model(proto)
+    session = make_session(proto.SerializeToString(), level=GraphOptimizationLevel.ORT_DISABLE_ALL)
+    got, one = run_batched(session, x), run_batched(session, x[:8], batch_size=1)
+    off = np.abs(got - expected) > 1e-3 * np.maximum(1.0, np.abs(expected))
+    assert off.mean() < 1e-3, off.mean()  # float rounding's one-step flips at most
+    assert np.abs(one - got[:8]).max() < 1e-4
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    fused = [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
+    assert fused.count("QLinearConv") == 8 and "Conv" not in fused
+
+
 def test_detectors_need_the_detection_task():
     from quantpipe.errors import UserError
     from quantpipe.models import check_model_name
 
     check_model_name("ssdlite320_mobilenet_v3_large", "detection")
+    check_model_name("fasterrcnn_mobilenet_v3_large_320_fpn", "detection")
     with pytest.raises(UserError, match="is a detector; set prepare.task: detection"):
         check_model_name("ssdlite320_mobilenet_v3_large", "classification")
     with pytest.raises(UserError, match="is not a detector"):
@@ -310,14 +408,19 @@ def detection_run(tmp_path_factory) -> Path:
 def test_detection_pipeline_writes_map_agreement_and_latency_per_variant(detection_run):
     summary = json.loads((detection_run / "metrics/summary.json").read_text())
     assert summary["task"] == "detection"
-    for v in ("fp32", "dynamic", "static"):
+    for v in ("fp32", "dynamic", "static", "qat"):
         s = summary[v]
         assert 0 <= s["map_50_95"] <= s["map_50"] <= 1
         assert set(s["end_to_end"]["latency_p50_ms"]) == {"bs1", "bs8"}
         if v != "fp32":
             assert {"map_drop_pts", "agreement", "speedup"} <= set(s)
             assert s["end_to_end"]["speedup"]["bs1"] > 0
-    assert "qat" in summary["skipped"]
+    assert "qat" not in summary.get("skipped", {})
+    # QAT fine-tuned the detector on its own loss; the QDQ export gives the fake-quant model's
+    # detections (quantize_qat's parity, on the test split).
+    qat = json.loads((detection_run / "metrics/quantize_qat.json").read_text())
+    assert "failed" not in qat and qat["steps"] > 0 and 0 < qat["val_map_50"] <= 1
+    assert qat["parity"]["agreement"] >= 0.99 and qat["parity"]["detections"] > 100, qat["parity"]
     assert set(summary["recommended"]) == {"bs1", "bs8"}
     export = json.loads((detection_run / "metrics/export.json").read_text())
     assert export["detection_parity"]["unmatched"] == 0

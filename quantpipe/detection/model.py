@@ -14,6 +14,7 @@ quantize_static keeps in float by default (docs/detection.md has the measurement
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,7 +32,19 @@ def _conv(cin: int, cout: int, stride: int) -> nn.Sequential:
                          nn.ReLU(inplace=True))
 
 
-class TinyDetector(nn.Module):
+class Detector(nn.Module):
+    """What quantpipe needs of a detector, in two parts: `raw(x)`, every learned layer (the
+    part quantization-aware training fake-quantizes), and `decode(raw)`, the float tail to
+    Ultralytics' layout (batch, 4 + classes, anchors); `raw_loss(raw, objects)` trains it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, S, S) -> (B, 4 + K, A)
+        return self.decode(self.raw(x))
+
+    def loss(self, x: torch.Tensor, objects: list[np.ndarray]) -> torch.Tensor:
+        return self.raw_loss(self.raw(x), objects)
+
+
+class TinyDetector(Detector):
     """Six 3x3 conv-BN-ReLU (to stride 8, 128 channels), box and class 1x1 heads, decode.
 
     Widths of 32-128 channels are where INT8 pays on a CPU: at 16-64 the convs are too small
@@ -62,12 +75,13 @@ class TinyDetector(nn.Module):
         f = self.backbone(x)
         return self.box(f).flatten(2), self.cls(f).flatten(2)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, S, S) -> (B, 4 + K, A)
-        box, cls = self.raw(x)
+    def decode(self, raw: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        box, cls = raw
         return torch.cat([boxes_xywh(box, self.centres), cls.sigmoid()], 1)
 
-    def loss(self, x: torch.Tensor, objects: list[np.ndarray]) -> torch.Tensor:
-        return detection_loss(self, x, objects)
+    def raw_loss(self, raw: tuple[torch.Tensor, torch.Tensor],
+                 objects: list[np.ndarray]) -> torch.Tensor:
+        return detection_loss(raw, self.centres, objects)
 
 
 def distances_xyxy(box: torch.Tensor, centres: torch.Tensor) -> torch.Tensor:
@@ -112,14 +126,14 @@ class DetEpoch:
     seconds: float
 
 
-def detection_loss(model: TinyDetector, x: torch.Tensor,
+def detection_loss(raw: tuple[torch.Tensor, torch.Tensor], centres: torch.Tensor,
                    objects: list[np.ndarray]) -> torch.Tensor:
     """Per positive anchor: GIoU loss of its box; every anchor: BCE of the class scores (one-hot
     on positives, zero on background), normalised by the number of positives."""
     from torchvision.ops import generalized_box_iou_loss
 
-    box, cls = model.raw(x)
-    owner = torch.from_numpy(assign(objects, model.centres[0].numpy()))
+    box, cls = raw
+    owner = torch.from_numpy(assign(objects, centres[0].numpy()))
     target = torch.zeros_like(cls)
     pos = owner >= 0
     b_idx, a_idx = torch.nonzero(pos, as_tuple=True)
@@ -130,7 +144,7 @@ def detection_loss(model: TinyDetector, x: torch.Tensor,
     n_pos = max(len(b_idx), 1)
     loss = F.binary_cross_entropy_with_logits(cls, target, reduction="sum") / n_pos
     if len(b_idx):
-        pred = distances_xyxy(box, model.centres)[b_idx, :, a_idx]  # (P, 4)
+        pred = distances_xyxy(box, centres)[b_idx, :, a_idx]  # (P, 4)
         loss = loss + 2.0 * generalized_box_iou_loss(pred, gt[:, :4], reduction="mean")
     return loss
 
@@ -138,9 +152,11 @@ def detection_loss(model: TinyDetector, x: torch.Tensor,
 def train_detector(model: nn.Module, x_train: np.ndarray, obj_train: tuple[np.ndarray, ...],
                    x_val: np.ndarray, obj_val: tuple[np.ndarray, ...], *,
                    epochs: int, batch_size: int, lr: float, seed: int,
-                   score_map_50, progress: bool = True) -> list[DetEpoch]:
+                   score_map_50: Callable[[nn.Module], float], progress: bool = True,
+                   on_step: Callable[[nn.Module, int], None] | None = None) -> list[DetEpoch]:
     """AdamW with a cosine schedule on normalized (N, C, S, S) inputs, minimising the model's
-    own `loss(x, objects)`; score_map_50(model) is the validation mAP@.5 after each epoch.
+    own `loss(x, objects)`; score_map_50(model) is the validation mAP@.5 after each epoch, and
+    on_step(model, step) runs after each optimizer step (1, 2, ...) as in models.train_model.
     Deterministic for a seed on a given machine."""
     torch.use_deterministic_algorithms(True)
     gen = torch.Generator().manual_seed(seed)
@@ -166,6 +182,8 @@ def train_detector(model: nn.Module, x_train: np.ndarray, obj_train: tuple[np.nd
             optimizer.step()
             schedule.step()
             step += 1
+            if on_step is not None:
+                on_step(model, step)
             total += loss.item() * len(idx)
         model.eval()
         with torch.no_grad():

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torch import nn
+
+from quantpipe.detection.model import Detector
 
 
-class SSDLite(nn.Module):
+class SSDLite(Detector):
     """torchvision's SSDLite320-MobileNetV3-Large at image_size x image_size, `channels` in,
     `num_classes` out (torchvision's background class is dropped from the output)."""
 
@@ -30,7 +31,6 @@ class SSDLite(nn.Module):
         super().__init__()
         from torchvision.models.detection import ssdlite320_mobilenet_v3_large
         from torchvision.models.detection.image_list import ImageList
-        from torchvision.models.detection.transform import GeneralizedRCNNTransform
 
         from quantpipe.models import _replace_first_conv
 
@@ -38,9 +38,7 @@ class SSDLite(nn.Module):
                                             num_classes=num_classes + 1)
         # quantpipe feeds normalized images at the prepared size: torchvision's resize and
         # normalization become identities (they only run in training, through det.forward).
-        det.transform = GeneralizedRCNNTransform(image_size, image_size, [0.0] * channels,
-                                                 [1.0] * channels, size_divisible=1,
-                                                 fixed_size=(image_size, image_size))
+        det.transform = _identity_transform(channels, image_size)
         if channels != 3:
             _replace_first_conv(det.backbone, channels)
         self.det = det
@@ -58,22 +56,23 @@ class SSDLite(nn.Module):
         head = self.det.head(list(self.det.backbone(x).values()))
         return head["bbox_regression"], head["cls_logits"]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, S, S) -> (B, 4 + K, A)
+    def decode(self, raw: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         from torchvision.ops import box_convert
 
-        reg, logits = self.raw(x)
+        reg, logits = raw
         b, a = reg.shape[:2]
         xyxy = self.det.box_coder.decode_single(reg.reshape(-1, 4),
                                                 self.anchors.repeat(b, 1)).reshape(b, a, 4)
         scores = logits.softmax(-1)[..., 1:]
         return torch.cat([box_convert(xyxy, "xyxy", "cxcywh"), scores], -1).transpose(1, 2)
 
-    def loss(self, x: torch.Tensor, objects: list[np.ndarray]) -> torch.Tensor:
+    def raw_loss(self, raw: tuple[torch.Tensor, torch.Tensor],
+                 objects: list[np.ndarray]) -> torch.Tensor:
         """torchvision's SSD training loss (SSD.forward's training branch without the
         transform), in train or eval mode."""
         from torchvision.ops import box_iou
 
-        reg, logits = self.raw(x)
+        reg, logits = raw
         targets, matched = [], []
         for o in objects:
             boxes = torch.from_numpy(np.ascontiguousarray(o[:, :4], np.float32))
@@ -83,3 +82,141 @@ class SSDLite(nn.Module):
         losses = self.det.compute_loss(targets, {"bbox_regression": reg, "cls_logits": logits},
                                        [self.anchors] * len(objects), matched)
         return losses["bbox_regression"] + losses["classification"]
+
+
+# Region proposals kept per image: the RPN's best by objectness, a fixed count so the graph
+# keeps a fixed shape (torchvision's 320 model keeps 150 after NMS at test time).
+PROPOSALS = 100
+# The box head's width (torchvision: 1024). At 64 px a proposal pools from a 2x2 map, and the
+# 1024-wide head (12.8M of the model's 19M parameters) made one training step of 32 canvases
+# take seconds on 2 cores; 256 is a quarter of its cost.
+HEAD_WIDTH = 256
+
+
+class FasterRCNN(Detector):
+    """torchvision's Faster R-CNN with a MobileNetV3-Large FPN backbone (the 320 model) at
+    image_size x image_size, cut into a graph of fixed shape that takes any batch.
+
+    torchvision's inference keeps, per image, the RPN's proposals above a score after NMS (a
+    varying count), then per class the boxes above a score after NMS again, in a Python loop
+    over the images. Here the RPN's PROPOSALS best proposals by objectness go on without
+    NMS, are pooled from their FPN level with RoIAlign (the level rule of torchvision's
+    MultiScaleRoIAlign, every level computed and the right one kept, so the batch index stays
+    a tensor), and each is decoded to the box of its best class: Ultralytics' layout with
+    PROPOSALS anchors, so the one NMS is quantpipe's post-processing, as for every detector.
+    Default anchor sizes (32-512 px at 320 px) scale with the image size.
+
+    Trained with torchvision's own losses (RPN and box head, with their sampling and NMS), in
+    torchvision's training mode; the two-stage training has no loss on this graph's outputs,
+    so quantization-aware training does not apply to it."""
+
+    qat_unsupported = ("a two-stage detector: its training loss samples region proposals after "
+                       "an NMS that the fixed-shape inference graph does not have")
+
+    def __init__(self, channels: int, image_size: int, num_classes: int,
+                 proposals: int = PROPOSALS) -> None:
+        super().__init__()
+        from torchvision.models.detection import fasterrcnn_mobilenet_v3_large_320_fpn
+        from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHead
+        from torchvision.models.detection.anchor_utils import AnchorGenerator
+        from torchvision.models.detection.image_list import ImageList
+        from torchvision.ops.poolers import _setup_scales
+
+        from quantpipe.models import _replace_first_conv
+
+        det = fasterrcnn_mobilenet_v3_large_320_fpn(
+            weights=None, weights_backbone=None, num_classes=num_classes + 1,
+            box_batch_size_per_image=64)
+        det.roi_heads.box_head = TwoMLPHead(det.backbone.out_channels * 7 * 7, HEAD_WIDTH)
+        det.roi_heads.box_predictor = FastRCNNPredictor(HEAD_WIDTH, num_classes + 1)
+        scale = image_size / 320
+        det.rpn.anchor_generator = AnchorGenerator(
+            (tuple(s * scale for s in (32, 64, 128, 256, 512)),) * 3, ((0.5, 1.0, 2.0),) * 3)
+        det.transform = _identity_transform(channels, image_size)
+        if channels != 3:
+            _replace_first_conv(det.backbone, channels)
+        self.det, self.proposals, self.image_size = det, proposals, image_size
+        det.eval()
+        with torch.no_grad():
+            x = torch.zeros(1, channels, image_size, image_size)
+            features = det.backbone(x)
+            anchors = det.rpn.anchor_generator(ImageList(x, [(image_size, image_size)]),
+                                               list(features.values()))[0]
+            pool = det.roi_heads.box_roi_pool
+            self.levels = [k for k in pool.featmap_names if k in features]
+            self.scales, self.mapper = _setup_scales(
+                [features[k] for k in self.levels], [(image_size, image_size)],
+                pool.canonical_scale, pool.canonical_level)
+        det.train()
+        if len(anchors) < proposals:
+            from quantpipe.errors import UserError
+
+            raise UserError(f"train.model = fasterrcnn_mobilenet_v3_large_320_fpn at "
+                            f"prepare.image_size {image_size} has {len(anchors)} anchors, fewer "
+                            f"than the {proposals} proposals it keeps; use a larger image size")
+        self.register_buffer("anchors", anchors, persistent=False)  # (A, 4) x1, y1, x2, y2
+
+    def raw(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(B, P, 1 + K) class logits, (B, P, 4 (1 + K)) box regressions per class and
+        (B, P, 4) the proposals they refine (x1, y1, x2, y2)."""
+        from torchvision.models.detection.rpn import concat_box_prediction_layers
+        from torchvision.ops import clip_boxes_to_image, roi_align
+
+        det, b, p = self.det, x.shape[0], self.proposals
+        features = det.backbone(x)
+        objectness, deltas = concat_box_prediction_layers(*det.rpn.head(list(features.values())))
+        boxes = det.rpn.box_coder.decode_single(deltas, self.anchors.repeat(b, 1)).reshape(b, -1, 4)
+        top = objectness.reshape(b, -1).topk(p, dim=1).indices
+        boxes = clip_boxes_to_image(boxes.gather(1, top[..., None].expand(-1, -1, 4)),
+                                    (self.image_size, self.image_size)).detach()
+        flat = boxes.reshape(-1, 4)
+        image = torch.arange(b, dtype=flat.dtype, device=flat.device)[:, None].expand(b, p)
+        rois = torch.cat([image.reshape(-1, 1), flat], 1)
+        level = self.mapper([flat])
+        pool = det.roi_heads.box_roi_pool
+        pooled = sum(roi_align(features[k], rois, pool.output_size, scale, pool.sampling_ratio)
+                     * (level == i).to(flat.dtype)[:, None, None, None]
+                     for i, (k, scale) in enumerate(zip(self.levels, self.scales)))
+        logits, regression = det.roi_heads.box_predictor(det.roi_heads.box_head(pooled))
+        return logits.reshape(b, p, -1), regression.reshape(b, p, -1), boxes
+
+    def decode(self, raw: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        from torchvision.ops import box_convert, clip_boxes_to_image
+
+        logits, regression, proposals = raw
+        b, p, classes = logits.shape
+        scores = logits.softmax(-1)[..., 1:]
+        boxes = self.det.roi_heads.box_coder.decode_single(
+            regression.reshape(b * p, -1), proposals.reshape(-1, 4)).reshape(b, p, classes, 4)
+        best = (scores.argmax(-1) + 1)[..., None, None].expand(-1, -1, 1, 4)
+        boxes = clip_boxes_to_image(boxes.gather(2, best).squeeze(2),
+                                    (self.image_size, self.image_size))
+        return torch.cat([box_convert(boxes, "xyxy", "cxcywh"), scores], -1).transpose(1, 2)
+
+    def loss(self, x: torch.Tensor, objects: list[np.ndarray]) -> torch.Tensor:
+        """torchvision's Faster R-CNN losses (RPN objectness and boxes, box head classes and
+        boxes). torchvision computes them in training mode only: in eval mode (a validation
+        loss) BatchNorm keeps its running statistics all the same."""
+        targets = [{"boxes": torch.from_numpy(np.ascontiguousarray(o[:, :4], np.float32)),
+                    "labels": torch.from_numpy(o[:, 4]).long() + 1} for o in objects]
+        evaluating = not self.training
+        if evaluating:
+            self.det.train()
+            for m in self.det.modules():
+                if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+                    m.eval()
+        try:
+            losses = self.det(list(x), targets)
+        finally:
+            if evaluating:
+                self.det.eval()
+        return sum(losses.values())
+
+
+def _identity_transform(channels: int, image_size: int):
+    """torchvision's detection transform made an identity: quantpipe feeds normalized images
+    at the prepared size (it only runs in training, through the torchvision model's forward)."""
+    from torchvision.models.detection.transform import GeneralizedRCNNTransform
+
+    return GeneralizedRCNNTransform(image_size, image_size, [0.0] * channels, [1.0] * channels,
+                                    size_divisible=1, fixed_size=(image_size, image_size))

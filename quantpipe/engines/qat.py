@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import io
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 import onnx
@@ -193,6 +194,45 @@ def prepare(model: nn.Module, input_shape: tuple[int, ...], per_channel: bool,
                           f"training ({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
 
 
+class _Raw(nn.Module):
+    """A detector's learned part, `raw(x)`, as a module of its own for torch.fx to trace."""
+
+    def __init__(self, detector: nn.Module) -> None:
+        super().__init__()
+        self.detector = detector
+
+    def forward(self, x: torch.Tensor):
+        return self.detector.raw(x)
+
+
+class FloatDecode(nn.Module):
+    """A detector whose learned layers (`raw`, torch.fx-prepared with fake quantization) feed
+    its decode in float: box decoding and the score activations stay out of quantization, as
+    quantize_static leaves them by default (detect.float_decode; docs/detection.md). The
+    float detector lends its `decode` and `raw_loss`; its weights are the body's."""
+
+    def __init__(self, body: torch.fx.GraphModule, detector: nn.Module) -> None:
+        super().__init__()
+        self.body = body
+        self.__dict__["detector"] = detector  # not a submodule: nothing of it trains or exports twice
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.detector.decode(self.body(x))
+
+    def loss(self, x: torch.Tensor, objects: list[np.ndarray]) -> torch.Tensor:
+        return self.detector.raw_loss(self.body(x), objects)
+
+
+def prepare_detector(detector: nn.Module, input_shape: tuple[int, ...], per_channel: bool,
+                     name: str) -> FloatDecode:
+    """`prepare` for a quantpipe detector (quantpipe.detection.model.Detector): fake
+    quantization in its learned layers, its decode in float."""
+    reason = getattr(detector, "qat_unsupported", None)
+    if reason:
+        raise Unsupported(f"train.model = {name!r}: {reason}")
+    return FloatDecode(prepare(_Raw(detector), input_shape, per_channel, name), detector)
+
+
 def fake_quants(model: nn.Module) -> list[nn.Module]:
     from torch.ao.quantization import FakeQuantizeBase
 
@@ -247,8 +287,20 @@ def finetune(qmodel: nn.Module, train_x: np.ndarray, train_y: np.ndarray, val_x:
              val_y: np.ndarray, *, epochs: int, batch_size: int, lr: float, max_shift: int,
              seed: int, freeze_bn_after: int | None, freeze_observers_after: int | None,
              progress: bool = True) -> tuple[list, int]:
-    """Train with fake quantization (models.train_model); returns its per-epoch stats and the
-    number of optimizer steps.
+    """A classifier trained with fake quantization (models.train_model, `fit_with_fake_quant`);
+    returns its per-epoch stats and the number of optimizer steps."""
+    return fit_with_fake_quant(
+        qmodel, lambda on_step: models.train_model(
+            qmodel, train_x, train_y, val_x, val_y, epochs=epochs, batch_size=batch_size, lr=lr,
+            max_shift=max_shift, seed=seed, progress=progress, on_step=on_step),
+        freeze_bn_after=freeze_bn_after, freeze_observers_after=freeze_observers_after)
+
+
+def fit_with_fake_quant(qmodel: nn.Module, fit: Callable[[Callable[[nn.Module, int], None]], list],
+                        *, freeze_bn_after: int | None,
+                        freeze_observers_after: int | None) -> tuple[list, int]:
+    """Run a training loop, fit(on_step) (on_step(model, step) after each optimizer step), on a
+    model holding the fake-quants of `qmodel`; returns fit's history and the steps taken.
 
     The fake-quant ranges follow the training batches only (the per-epoch validation pass
     leaves them be) until `freeze_observers_after` optimizer steps; BatchNorm normalizes with
@@ -267,16 +319,14 @@ def finetune(qmodel: nn.Module, train_x: np.ndarray, train_y: np.ndarray, val_x:
     def on_step(model: nn.Module, step: int) -> None:
         steps[0] = step
         if step == freeze_bn_after:
-            freeze_batch_norms(model)
+            freeze_batch_norms(qmodel)
         if step == freeze_observers_after:
             observing[0] = False
 
     on_step(qmodel, 0)  # a limit of 0 steps: frozen from the start
     hook = qmodel.register_forward_pre_hook(observe_in_training_only)
     try:
-        history = models.train_model(qmodel, train_x, train_y, val_x, val_y, epochs=epochs,
-                                     batch_size=batch_size, lr=lr, max_shift=max_shift,
-                                     seed=seed, progress=progress, on_step=on_step)
+        history = fit(on_step)
     finally:
         hook.remove()
         qmodel.apply(disable_observer)
@@ -462,7 +512,7 @@ NODE_MAX_MISMATCH = 0.01
 
 @torch.no_grad()
 def node_parity(qmodel: torch.fx.GraphModule, model: onnx.ModelProto, x: np.ndarray,
-                memory_mb: int = 512) -> dict | None:
+                memory_mb: int = 512, scope: str = "") -> dict | None:
     """Each activation fake-quant of `qmodel` against its DequantizeLinear in the exported
     graph (ORT_DISABLE_ALL), computed in torch from the graph's own values of the fake-quants
     before it (teacher forcing): a difference is that node's own, not one carried from
@@ -473,7 +523,8 @@ def node_parity(qmodel: torch.fx.GraphModule, model: onnx.ModelProto, x: np.ndar
     Returns the node count, the worst node (largest share of values off by more than half a
     step, and its largest difference in steps) and `faithful` (every node within one step and
     NODE_MAX_MISMATCH); None when some fake-quant has no DequantizeLinear of its name (the
-    exporter names the k-th call of a shared module `<name>_k`)."""
+    exporter names the k-th call of a shared module `<name>_k`). `scope`: where qmodel sits in
+    the exported module, e.g. "body/" for a FloatDecode detector's body."""
     from onnxruntime import GraphOptimizationLevel
     from torch.ao.quantization import FakeQuantizeBase
 
@@ -489,8 +540,8 @@ def node_parity(qmodel: torch.fx.GraphModule, model: onnx.ModelProto, x: np.ndar
         if not isinstance(module, FakeQuantizeBase):
             continue
         k = calls[id(module)] = calls.get(id(module), -1) + 1
-        scope = first_name[id(module)] + (f"_{k}" if k else "")
-        tensor = dequantized.get(f"/{scope}/DequantizeLinear")
+        name = first_name[id(module)] + (f"_{k}" if k else "")
+        tensor = dequantized.get(f"/{scope}{name}/DequantizeLinear")
         if tensor is None or module.scale.numel() != 1:
             return None
         tensor_of[node.name] = (tensor, module)
