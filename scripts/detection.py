@@ -65,8 +65,9 @@ def row(repo: Path, name: str, variant: str, seconds: float | None) -> dict:
            "map_drop_pts": s.get("map_drop_pts", 0.0), "agreement": s.get("agreement", 1.0),
            "sizes": sizes, "cpu": summary["machine"].get("cpu"),
            "pipeline_seconds": None if seconds is None else round(seconds, 1),
+           # a pipeline that trained (the decode-quantized run re-ran the static branch only)
            "train_seconds": read(repo, "metrics/train.json").get("seconds")
-           if seconds is not None else None}
+           if seconds is not None and variant == "fp32" else None}
     if variant != "fp32":
         out.update({
             "speedup": s["speedup"], "speedup_1thread": one.get("speedup"),
