@@ -102,12 +102,12 @@ def reproduce(repo: Path, *targets: str, force: bool = False, run_cache: bool = 
 
 
 def dvc(cwd: Path, *args: str, env: dict | None = None, check: bool = True,
-        **kwargs) -> subprocess.CompletedProcess:
+        timeout: int = 300, **kwargs) -> subprocess.CompletedProcess:
     """The dvc CLI in a subprocess (this interpreter's), output captured; fails the test on a
     non-zero exit unless check=False."""
     proc = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=cwd,
                           env=dict(os.environ) if env is None else env,
-                          capture_output=True, text=True, timeout=300, **kwargs)
+                          capture_output=True, text=True, timeout=timeout, **kwargs)
     if check and proc.returncode != 0:
         pytest.fail(f"`dvc {' '.join(args)}` exited {proc.returncode}\n"
                     f"{proc.stdout}\n{proc.stderr}")

@@ -401,7 +401,7 @@ def test_bad_annotations_end_in_one_line_naming_the_file_and_record(folder_proje
 @pytest.fixture(scope="module")
 def detection_run(tmp_path_factory) -> Path:
     repo = make_project(tmp_path_factory.mktemp("det-run"), DETECTION_PARAMS)
-    dvc(repo, "repro")
+    dvc(repo, "repro", timeout=900)  # 18 stages, ~3 minutes alone, longer beside another worker
     return repo
 
 
