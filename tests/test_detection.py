@@ -105,6 +105,7 @@ def test_letterbox_keeps_the_aspect_and_centres():
 
 # --- torchvision's detectors -----------------------------------------------------------------
 
+@pytest.mark.slow  # the dynamo export of SSDLite, ~30 s
 def test_ssdlite_ends_in_the_yolo_layout_and_exports_with_any_batch(canvases):
     """torchvision's SSDLite with its post-processing cut: the ONNX file takes any batch, and
     decoding it gives PyTorch's detections (torchvision's own loop is fixed to one batch)."""
