@@ -93,6 +93,18 @@ def export_to(model: nn.Module, input_shape: tuple[int, int, int], path: Path) -
     return path
 
 
+def optimized_ops(model, tmp_path: Path) -> list[str]:
+    """The op types ORT runs after its graph optimizations (what the bench times)."""
+    import onnx
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    options.log_severity_level = 3
+    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
+
+
 def torch_logits(model: nn.Module, x: np.ndarray) -> np.ndarray:
     with torch.no_grad():
         return model.eval()(torch.from_numpy(x)).numpy()

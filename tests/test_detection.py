@@ -207,10 +207,10 @@ def test_qat_of_a_detector_fake_quantizes_its_convs_and_exports_its_decode_in_fl
     fake-quant PyTorch model at any batch size, every conv an integer kernel in ORT. (Parity on
     detections is checked on a trained detector by quantize_qat in the pipeline test.)"""
     import onnx
-    import onnxruntime as ort
     import torch
     from onnxruntime import GraphOptimizationLevel
 
+    from helpers import optimized_ops
     from quantpipe.detection.model import TinyDetector, train_detector
     from quantpipe.engines import qat
     from quantpipe.onnxutil import make_session, run_batched
@@ -245,10 +245,7 @@ def test_qat_of_a_detector_fake_quantizes_its_convs_and_exports_its_decode_in_fl
     off = np.abs(got - expected) > 1e-3 * np.maximum(1.0, np.abs(expected))
     assert off.mean() < 1e-3, off.mean()  # float rounding's one-step flips at most
     assert np.abs(one - got[:8]).max() < 1e-4
-    options = ort.SessionOptions()
-    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    fused = [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
+    fused = optimized_ops(proto, tmp_path)
     assert fused.count("QLinearConv") == 8 and "Conv" not in fused
 
 

@@ -12,7 +12,7 @@ import torch
 from onnx import numpy_helper
 from torch import nn
 
-from helpers import OPSET, info_for, structured_images, trained_on
+from helpers import OPSET, info_for, optimized_ops, structured_images, trained_on
 from quantpipe import data, models, onnxutil
 from quantpipe.engines import qat
 from quantpipe.errors import UserError
@@ -72,15 +72,6 @@ def finetuned(x: np.ndarray, y: np.ndarray, **freeze) -> torch.fx.GraphModule:
 def logits(model: nn.Module, x: np.ndarray) -> np.ndarray:
     with torch.no_grad():
         return model.eval()(torch.from_numpy(x)).numpy()
-
-
-def optimized_ops(model: onnx.ModelProto, tmp_path) -> list[str]:
-    """The op types ORT runs after its graph optimizations (what the bench times)."""
-    options = ort.SessionOptions()
-    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    options.log_severity_level = 3
-    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
 
 
 def test_fake_quant_scheme_is_the_static_variants_x86_scheme(digits):
