@@ -155,6 +155,33 @@ def test_ssdlite_learns_with_torchvision_ssd_loss_images_without_objects_include
     assert np.isfinite(losses).all() and losses[-1] < 0.7 * losses[0], losses
 
 
+@pytest.mark.parametrize("height,width", [(1, 1), (2, 2), (5, 9)])
+def test_faster_rcnn_trains_with_torchvision_roi_align_as_matrix_products(height, width):
+    """The training path's RoIAlign (matrix products) is torchvision's roi_align, values and
+    gradients, for RoIs inside, across and beyond the map's edges and smaller than a pixel."""
+    import torch
+    from torchvision.ops import roi_align
+
+    from quantpipe.detection.zoo import roi_align_matmul
+
+    g = torch.Generator().manual_seed(0)
+    feature = torch.randn(3, 4, height, width, dtype=torch.float64, generator=g,
+                          requires_grad=True)
+    size = 32 * max(height, width)
+    corner = torch.rand(200, 2, dtype=torch.float64, generator=g) * 1.5 * size - 0.25 * size
+    extent = torch.rand(200, 2, dtype=torch.float64, generator=g) * size / 2
+    extent[:20] /= 200  # below a feature pixel: RoIAlign makes them one pixel
+    image = torch.randint(0, 3, (200, 1), generator=g).to(torch.float64)
+    rois = torch.cat([image, corner, corner + extent], 1)
+    want = roi_align(feature, rois, (7, 7), 1 / 32, 2)
+    got = roi_align_matmul(feature, rois, (7, 7), 1 / 32, 2)
+    grad = torch.randn(want.shape, dtype=torch.float64, generator=g)
+    (want_grad,), (got_grad,) = (torch.autograd.grad(o, feature, grad) for o in (want, got))
+    assert want.abs().sum() > 0 and (want == 0).any()  # RoIs beyond the map pool zeros
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    torch.testing.assert_close(got_grad, want_grad, rtol=0, atol=1e-11)
+
+
 @pytest.mark.slow  # the dynamo export of a two-stage graph, ~30 s
 def test_faster_rcnn_is_cut_to_a_fixed_shape_graph_that_exports_with_any_batch(canvases):
     """torchvision's two-stage detector as a graph of fixed shape: the RPN's best proposals
