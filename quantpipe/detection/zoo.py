@@ -127,6 +127,7 @@ class FasterRCNN(Detector):
         det = fasterrcnn_mobilenet_v3_large_320_fpn(
             weights=None, weights_backbone=None, num_classes=num_classes + 1,
             box_batch_size_per_image=64)
+        det.backbone = _fpn_backbone(image_size)
         det.roi_heads.box_roi_pool = _FastRoIAlign(det.roi_heads.box_roi_pool)
         det.roi_heads.box_head = TwoMLPHead(det.backbone.out_channels * 7 * 7, HEAD_WIDTH)
         det.roi_heads.box_predictor = FastRCNNPredictor(HEAD_WIDTH, num_classes + 1)
@@ -212,6 +213,34 @@ class FasterRCNN(Detector):
             if evaluating:
                 self.det.eval()
         return sum(losses.values())
+
+
+# Cells across the finest FPN level: torchvision's 320 model has 10 (stride 32 at 320 px).
+MIN_CELLS = 8
+
+
+def _fpn_backbone(image_size: int):
+    """torchvision's MobileNetV3-Large FPN backbone of the 320 model (random init, BatchNorm,
+    every layer trainable), its two FPN inputs moved to the image size: the coarsest stage
+    with at least MIN_CELLS cells across and the next one. At 320 px that is torchvision's
+    own pair (two stride-32 maps of 10 cells); at 64 px it would be 2 x 2 cells, where a
+    15-pixel digit is a quarter of one cell and the box head cannot tell digits apart (its
+    classification loss stayed at 0.7 and val mAP@.5 at 0.0001 after 7 epochs): there the
+    stride-8 and stride-16 stages (8 and 4 cells) are used."""
+    from torchvision.models import mobilenet_v3_large
+    from torchvision.models.detection.backbone_utils import _mobilenet_extractor
+
+    body = mobilenet_v3_large(weights=None)
+    stages = [0] + [i for i, b in enumerate(body.features) if getattr(b, "_is_cn", False)]
+    stages.append(len(body.features) - 1)  # torchvision's stage indices (_mobilenet_extractor)
+    cells, x = {}, torch.zeros(1, 3, image_size, image_size)
+    with torch.no_grad():
+        for i, block in enumerate(body.features):
+            x = block(x)
+            cells[i] = x.shape[-1]
+    first = max([k for k, i in enumerate(stages) if cells[i] >= MIN_CELLS], default=0)
+    first = min(first, len(stages) - 2)
+    return _mobilenet_extractor(body, True, len(stages), returned_layers=[first, first + 1])
 
 
 class _FastRoIAlign(torch.nn.Module):
