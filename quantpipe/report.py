@@ -70,9 +70,11 @@ def build_summary(evals: dict[str, dict], benches: dict[str, dict],
         if variant in (failed or {}):
             entry["failed"] = failed[variant]
         summary[variant] = entry
-    if torch_bench is not None and not detection:
+    if torch_bench is not None:
         # PyTorch eager vs FP32 ONNX: a speedup below 1 means the ONNX export alone is faster.
-        summary["torch"] = {"accuracy": torch_bench["accuracy"], "size_bytes": torch_bench["size_bytes"],
+        score = ("map_50_95", "map_50") if detection else ("accuracy",)
+        summary["torch"] = {**{k: torch_bench[k] for k in score},
+                            "size_bytes": torch_bench["size_bytes"],
                             **_latency(torch_bench["latency"], threads, with_speedup=True)}
     summary["machine"] = machine
     # The engines by name and title, the reference (the one the keys above are of) first.
@@ -420,8 +422,8 @@ def _headline_table(rows: dict[str, dict], sizes: list[str]) -> list[str]:
                   _fmt(s.get("size_ratio"), ".3f")]
         cells += [_fmt(s["latency_p50_ms"].get(k), ".3f") for k in sizes]
         cells += [_fmt(s.get("speedup", {}).get(k), ".2f", prefix="x") for k in sizes]
-        if detection:
-            cells += [_fmt(s["end_to_end"].get("speedup", {}).get(k), ".2f", prefix="x")
+        if detection:  # torch has no end-to-end row: its decode would be the variants' code
+            cells += [_fmt(s.get("end_to_end", {}).get("speedup", {}).get(k), ".2f", prefix="x")
                       for k in sizes]
         body.append(cells)
     return _table(head, body)
@@ -444,8 +446,6 @@ def _routes_section(summary: dict, sizes: list[str]) -> list[str]:
         s = summary.get(key)
         if s is None:
             why = summary.get("skipped", {}).get(key, "no PyTorch model (brought as ONNX)")
-            if key == "torch" and summary.get("task") == "detection":
-                why = "a detector's PyTorch latency is not benched (its mAP is FP32 ONNX's)"
             missing.append(f"{title}: {why}.")
             continue
         speed = 1.0 if key == "fp32" else s["speedup"][largest]

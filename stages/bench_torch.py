@@ -1,4 +1,5 @@
-"""bench_torch: the PyTorch eager baseline — test accuracy and latency of models/model.pt,
+"""bench_torch: the PyTorch eager baseline — test accuracy (a detector: mAP) and latency of
+models/model.pt (a detector's: the model to its raw output, as the variants' model-only rows),
 timed in the same interleaved rounds as models/fp32.onnx (the practitioner's table starts here)."""
 
 import torch
@@ -7,6 +8,7 @@ from quantpipe import bench, data, models, onnxutil, params
 from quantpipe import machine as machines
 from quantpipe.io import run_stage, stage_args, write_json
 from quantpipe.schemas.bench import BenchParams
+from quantpipe.schemas.detect import DetectParams
 from quantpipe.schemas.runtime import RuntimeParams
 from quantpipe.schemas.train import TrainParams
 
@@ -17,12 +19,6 @@ def main(argv: list[str]) -> None:
     level = params.load(RuntimeParams).graph_optimization_level
     info = data.load_info(args.data)
     name = train_p.for_task(info.task).model
-    if info.task == "detection":
-        # The eager baseline is a classifier's comparison (its accuracy is argmax of logits);
-        # a detector's FP32 reference is its ONNX export, parity-checked on detections.
-        write_json(args.metrics, {"variant": "torch", "skipped": "not benched for a detector"})
-        print("bench torch: skipped for a detector")
-        return
     if models.onnx_source(name):
         write_json(args.metrics, {
             "variant": "torch", "skipped": f"no PyTorch model: train.model is {name}"})
@@ -34,7 +30,14 @@ def main(argv: list[str]) -> None:
     x = data.normalize(test.x, info)
     model = models.build_model(name, info.channels, info.image_size, info.num_classes)
     models.load_weights(model, args.model)
-    accuracy = float((models.predict_torch(model, x).argmax(1) == test.y).mean())
+    out = models.predict_torch(model, x)
+    if info.task == "detection":  # mAP of its detections, decoded as every variant's are
+        from quantpipe.detection import task
+
+        metrics = task.scored(out, test, info, params.load(DetectParams))[0]
+        score = {k: metrics[k] for k in ("map_50_95", "map_50")}
+    else:
+        score = {"accuracy": round(float((out.argmax(1) == test.y).mean()), 6)}
 
     # A bad FP32 model fails in one line, before the progress bar.
     onnxutil.check_input_matches(onnxutil.make_session(args.fp32, level=level), info.input_shape,
@@ -49,7 +52,7 @@ def main(argv: list[str]) -> None:
     with torch.inference_mode():
         results = bench.latency_table(runners_for, "torch", x, threads, p, desc="bench torch")
     write_json(args.metrics, {
-        "variant": "torch", "accuracy": round(accuracy, 6), "size_bytes": args.model.stat().st_size,
+        "variant": "torch", **score, "size_bytes": args.model.stat().st_size,
         "torch": torch.__version__, "machine": machine, "threads": list(threads),
         "latency": results})
     for count, rows in results.items():

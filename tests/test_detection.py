@@ -4,6 +4,7 @@ pipeline end to end."""
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import subprocess
@@ -189,6 +190,7 @@ def test_faster_rcnn_is_cut_to_a_fixed_shape_graph_that_exports_with_any_batch(c
     YOLO layout; the ONNX export takes any batch and gives PyTorch's detections. Its losses are
     torchvision's; a validation loss leaves BatchNorm's statistics alone. QAT is refused with
     its reason."""
+    import onnx
     import onnxruntime as ort
     import torch
 
@@ -222,6 +224,18 @@ def test_faster_rcnn_is_cut_to_a_fixed_shape_graph_that_exports_with_any_batch(c
         assert np.abs(out - ref[:b]).max() <= 1e-4 * max(1.0, np.abs(ref).max())
         p = post.parity(post.decode(ref[:b], **kwargs), post.decode(out, **kwargs))
         assert p["detections"] > 0 and p["unmatched"] == 0, p
+    # Every tensor of the graph is finite (static quantization calibrates each one), also when
+    # the RPN moves proposals off the image and they are clipped to nothing.
+    off = copy.deepcopy(model)
+    with torch.no_grad():
+        off.det.rpn.head.bbox_pred.bias[0::4] = 5.0  # dx: five anchor widths to the right
+    graph = export_onnx(off, (1, 64, 64), 18)
+    graph.graph.output.extend(onnx.ValueInfoProto(name=o) for n in graph.graph.node
+                              for o in n.output if o not in {v.name for v in graph.graph.output})
+    full = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
+    values = dict(zip([o.name for o in full.get_outputs()],
+                      full.run(None, {full.get_inputs()[0].name: x.numpy()})))
+    assert not [k for k, v in values.items() if v.dtype.kind == "f" and not np.isfinite(v).all()]
     with pytest.raises(qat.Unsupported, match="two-stage detector"):
         qat.prepare_detector(model, (1, 64, 64), True, "fasterrcnn_mobilenet_v3_large_320_fpn")
 
@@ -441,6 +455,10 @@ def test_detection_pipeline_writes_map_agreement_and_latency_per_variant(detecti
             assert {"map_drop_pts", "agreement", "speedup"} <= set(s)
             assert s["end_to_end"]["speedup"]["bs1"] > 0
     assert "qat" not in summary.get("skipped", {})
+    # The PyTorch eager baseline scores the same detections as its FP32 export.
+    eager = summary["torch"]
+    assert abs(eager["map_50_95"] - summary["fp32"]["map_50_95"]) <= 0.002, eager
+    assert set(eager["latency_p50_ms"]) == {"bs1", "bs8"} and eager["speedup"]["bs1"] > 0
     # QAT fine-tuned the detector on its own loss; the QDQ export gives the fake-quant model's
     # detections (quantize_qat's parity, on the test split).
     qat = json.loads((detection_run / "metrics/quantize_qat.json").read_text())

@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 import torch
 from onnx import numpy_helper
-from onnxruntime.quantization import QuantFormat, QuantType
+from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType
 
 from helpers import TinyViT, TwoConvNet, export_to, info_for, structured_images, trained_on
 from quantpipe import criterion, data, onnxutil
@@ -638,3 +638,27 @@ def test_strided_calibration_reads_every_slice(fp32_path, tmp_path, calib, info)
     strided = _activation_scales(_static(fp32_path, tmp_path, calib, info,
                                          extra_options={"CalibStridedMinMax": len(calib.x) // 2}))
     assert strided == pytest.approx(whole, rel=1e-6)  # min/max of slices merge to the same range
+
+
+def test_a_tensor_without_a_finite_range_ends_calibration_in_one_line(fp32_path, fp32, tmp_path,
+                                                                       calib, info):
+    """A log of 0 inside the model: MinMax would make an infinite scale of it and ORT's
+    histograms fail in numpy; both ways of calibrating name the tensor instead."""
+    model = onnx.ModelProto()
+    model.CopyFrom(fp32)
+    logits = model.graph.output[0].name
+    model.graph.node.extend([onnx.helper.make_node("Sub", [logits, logits], ["zero"]),
+                             onnx.helper.make_node("Log", ["zero"], ["log_zero"]),
+                             onnx.helper.make_node("Add", [logits, "log_zero"], ["scores"])])
+    model.graph.output[0].name = "scores"
+    pre = tmp_path / "pre.onnx"
+    onnx.save(model, tmp_path / "log.onnx")
+    graph.preprocess(tmp_path / "log.onnx", pre)
+    calib = calib.take(np.arange(32))
+    for method in CalibrationMethod.MinMax, CalibrationMethod.Entropy:
+        p = QuantizeStaticParams(calibrate_method=method, calib_batch_size=CALIB_BATCH)
+        with pytest.raises(UserError, match="tensor (log_zero|scores) of the FP32 model.* "
+                                            "non-finite values on the calibration data"):
+            ort_static.calibrate(pre, _reader(calib, info), p, {}, tmp_path / "ranges.json")
+    with pytest.raises(UserError, match="non-finite values on the calibration data"):
+        ort_static.collect_outputs(pre, _reader(calib, info), QuantizeStaticParams(), tmp_path)

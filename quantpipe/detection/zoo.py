@@ -174,7 +174,10 @@ class FasterRCNN(Detector):
         flat = boxes.reshape(-1, 4)
         image = torch.arange(b, dtype=flat.dtype, device=flat.device)[:, None].expand(b, p)
         rois = torch.cat([image.reshape(-1, 1), flat], 1)
-        level = self.mapper([flat])
+        # torchvision's level rule on boxes of at least one pixel: a proposal clipped to nothing
+        # has area 0, whose log is -inf inside the graph (ORT's calibration histograms every
+        # float tensor and fails on it); either way it maps to the finest level.
+        level = self.mapper([torch.cat([flat[:, :2], torch.maximum(flat[:, 2:], flat[:, :2] + 1)], 1)])
         pool = det.roi_heads.box_roi_pool.pool  # torchvision's roi_align: ONNX's RoiAlign
         pooled = sum(roi_align(features[k], rois, pool.output_size, scale, pool.sampling_ratio)
                      * (level == i).to(flat.dtype)[:, None, None, None]

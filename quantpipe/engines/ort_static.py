@@ -27,6 +27,7 @@ from quantpipe.data import DataInfo, normalize
 from quantpipe.engines.base import StaticJob, StaticResult
 from quantpipe.engines.graph import (COMPUTE_OPS, float_compute_nodes, graph_input, output_tail,
                                     preprocess_checked)
+from quantpipe.errors import UserError
 from quantpipe.schemas.quantize_static import QuantizeStaticParams
 
 log = logging.getLogger(__name__)
@@ -137,7 +138,8 @@ def calibrate(pre_path: Path, reader: CalibrationReader, p: QuantizeStaticParams
     with its Entropy defaults (128 bins searched for a 128-bin range) the only candidate is the
     full range, i.e. Entropy silently equals MinMax.
     """
-    from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_data
+    from onnxruntime.quantization.calibrate import (TensorData, create_calibrator,
+                                                    save_tensors_data)
 
     options = {**extra, **p.extra_options}
     names = {"CalibTensorRangeSymmetric": "symmetric", "CalibMovingAverage": "moving_average",
@@ -155,15 +157,24 @@ def calibrate(pre_path: Path, reader: CalibrationReader, p: QuantizeStaticParams
             calibrate_method=p.calibrate_method, extra_options=args)
         stride = options.get("CalibStridedMinMax")
         reader.rewind()
-        if stride:  # as ORT does it: ranges collected over slices of the data, then merged
-            for start in range(0, len(reader.x), stride):
-                reader.set_range(start, start + stride)
+        try:
+            if stride:  # as ORT does it: ranges collected over slices of the data, then merged
+                for start in range(0, len(reader.x), stride):
+                    reader.set_range(start, start + stride)
+                    calibrator.collect_data(reader)
+                reader.set_range(0, len(reader.x))
+            else:
                 calibrator.collect_data(reader)
-            reader.set_range(0, len(reader.x))
-        else:
-            calibrator.collect_data(reader)
-        save_tensors_data(calibrator.compute_data(), cache_path,
-                          smooth_quant=bool(options.get("SmoothQuant", False)))
+        except ValueError:  # the histograms' numpy error on an infinite range: name the tensor
+            names = [o.name for o in calibrator.infer_session.get_outputs()]
+            require_finite([name for i, name in enumerate(names)
+                            if name in calibrator.tensors_to_calibrate and not
+                            all(np.isfinite(out[i]).all() for out in calibrator.intermediate_outputs)])
+            raise
+        ranges = calibrator.compute_data()
+        require_finite([name for name, r in ranges.items() if isinstance(r, TensorData) and
+                        hasattr(r, "lowest") and not np.isfinite(np.asarray(r.range_value, float)).all()])
+        save_tensors_data(ranges, cache_path, smooth_quant=bool(options.get("SmoothQuant", False)))
 
 
 def quantize_once(pre_path: Path, out_path: Path, reader: CalibrationReader,
@@ -317,7 +328,21 @@ def collect_outputs(pre_path: Path, reader: CalibrationReader, p: QuantizeStatic
         for name, value in zip(names, session.run(None, batch)):
             if name in calibrator.tensors_to_calibrate:
                 outputs.setdefault(name, []).append(value)
+    # ORT's histograms span each tensor's range: an infinite value would stop them in numpy.
+    require_finite([name for name, batches in outputs.items()
+                    if not all(np.isfinite(b).all() for b in batches)])
     return outputs
+
+
+def require_finite(names: list[str]) -> None:
+    """One line for tensors whose calibration range is not finite (a log of 0, say): MinMax
+    would make an infinite scale of it, the histograms fail."""
+    if names:
+        more = f" (and {len(names) - 1} more)" if names[1:] else ""
+        raise UserError(f"quantize_static: tensor {names[0]} of the FP32 model{more} has non-finite "
+                        "values on the calibration data; every tensor static quantization "
+                        "calibrates needs a finite range: clamp the value before its log or "
+                        "division in the model")
 
 
 def cached_ranges(outputs: dict[str, list[np.ndarray]], method: CalibrationMethod,
