@@ -183,6 +183,33 @@ def test_faster_rcnn_trains_with_torchvision_roi_align_as_matrix_products(height
     torch.testing.assert_close(got_grad, want_grad, rtol=0, atol=1e-11)
 
 
+def test_the_boxes_a_roialign_pools_are_computed_in_float():
+    """graph.box_nodes: what computes RoiAlign's boxes (up to the convs it reads), the nodes
+    quantize_static keeps float in a two-stage detector; none in a graph without RoiAlign."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from quantpipe.engines.graph import box_nodes
+
+    weight = numpy_helper.from_array(np.ones((4, 1, 3, 3), np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["features"], name="backbone", pads=[1] * 4),
+             helper.make_node("Conv", ["x", "w"], ["deltas"], name="rpn", pads=[1] * 4),
+             helper.make_node("GlobalAveragePool", ["deltas"], ["pooled"], name="gap"),
+             helper.make_node("Flatten", ["pooled"], ["flat"], name="flatten"),
+             helper.make_node("Exp", ["flat"], ["rois"], name="decode"),
+             helper.make_node("Constant", [], ["index"], name="image",
+                              value=numpy_helper.from_array(np.zeros(1, np.int64))),
+             helper.make_node("RoiAlign", ["features", "rois", "index"], ["roi"], name="roialign"),
+             helper.make_node("Conv", ["roi", "w4"], ["out"], name="head")]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)],
+        [weight, numpy_helper.from_array(np.ones((4, 4, 1, 1), np.float32), "w4")])
+    model = helper.make_model(graph)
+    assert box_nodes(model) == ["gap", "flatten", "decode", "image"]
+    del model.graph.node[6:]
+    assert box_nodes(model) == []
+
+
 @pytest.mark.slow  # the dynamo export of a two-stage graph, ~30 s
 def test_faster_rcnn_is_cut_to_a_fixed_shape_graph_that_exports_with_any_batch(canvases):
     """torchvision's two-stage detector as a graph of fixed shape: the RPN's best proposals
@@ -196,6 +223,7 @@ def test_faster_rcnn_is_cut_to_a_fixed_shape_graph_that_exports_with_any_batch(c
 
     from quantpipe.detection.zoo import PROPOSALS, FasterRCNN
     from quantpipe.engines import qat
+    from quantpipe.engines.graph import box_nodes
     from quantpipe.onnxutil import export_onnx
 
     _, (images, objects, _) = canvases
@@ -236,6 +264,9 @@ def test_faster_rcnn_is_cut_to_a_fixed_shape_graph_that_exports_with_any_batch(c
     values = dict(zip([o.name for o in full.get_outputs()],
                       full.run(None, {full.get_inputs()[0].name: x.numpy()})))
     assert not [k for k, v in values.items() if v.dtype.kind == "f" and not np.isfinite(v).all()]
+    # The proposals' decoding and top-k stay float in static INT8 (quantize_static's float decode).
+    ops = {n.name: n.op_type for n in graph.graph.node}
+    assert {"TopK", "Exp"} <= {ops[n] for n in box_nodes(graph)}
     with pytest.raises(qat.Unsupported, match="two-stage detector"):
         qat.prepare_detector(model, (1, 64, 64), True, "fasterrcnn_mobilenet_v3_large_320_fpn")
 

@@ -105,6 +105,24 @@ def output_tail(model: onnx.ModelProto) -> list[str]:
     return [n.name for n in model.graph.node if not reaches[n.name]]
 
 
+def box_nodes(model: onnx.ModelProto) -> list[str]:
+    """Nodes that compute the boxes a RoiAlign pools (a two-stage detector's proposals: the
+    RPN's box decoding, its top-k by objectness, the clipping), up to the compute nodes whose
+    outputs they read. Empty without RoiAlign. In INT8 those boxes would move by a quantization
+    step of their whole range and pool from the wrong place."""
+    producers = {out: node for node in model.graph.node for out in node.output}
+    todo = [name for node in model.graph.node if node.op_type == "RoiAlign"
+            for name in node.input[1:]]
+    found: set[str] = set()
+    while todo:
+        node = producers.get(todo.pop())
+        if node is None or node.name in found or node.op_type in COMPUTE_OPS:
+            continue
+        found.add(node.name)
+        todo.extend(node.input)
+    return [n.name for n in model.graph.node if n.name in found]
+
+
 def unknown_nodes(model: onnx.ModelProto, names: tuple[str, ...]) -> list[str]:
     """Names in nodes_to_exclude that are not in the model: a typo would silently do nothing."""
     present = {node.name for node in model.graph.node}

@@ -25,8 +25,8 @@ from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, 
 from quantpipe.criterion import Judged
 from quantpipe.data import DataInfo, normalize
 from quantpipe.engines.base import StaticJob, StaticResult
-from quantpipe.engines.graph import (COMPUTE_OPS, float_compute_nodes, graph_input, output_tail,
-                                    preprocess_checked)
+from quantpipe.engines.graph import (COMPUTE_OPS, box_nodes, float_compute_nodes, graph_input,
+                                    output_tail, preprocess_checked)
 from quantpipe.errors import UserError
 from quantpipe.schemas.quantize_static import QuantizeStaticParams
 
@@ -465,8 +465,8 @@ def quantize_static_with_fallback(fp32_path: Path, out_path: Path, calib_x: np.n
         pre = workdir / "preprocessed.onnx"
         symbolic, pre_model = preprocess_checked(fp32_path, pre, p.nodes_to_exclude,
                                                  "quantize_static.nodes_to_exclude")
-        tail = [n for n in output_tail(pre_model) if n not in p.nodes_to_exclude] \
-            if float_tail else []
+        tail = [n for n in dict.fromkeys(output_tail(pre_model) + box_nodes(pre_model))
+                if n not in p.nodes_to_exclude] if float_tail else []
         p = dataclasses.replace(p, nodes_to_exclude=tuple(p.nodes_to_exclude) + tuple(tail))
         op_types, op_selection = static_op_types(pre_model, p.op_types_to_quantize)
         p = dataclasses.replace(p, op_types_to_quantize=op_types)
