@@ -49,10 +49,12 @@ DARK_CALIBRATION = 256
 SSDLITE = {"prepare": {"image_size": 64}, "train": {"model": "ssdlite320_mobilenet_v3_large",
                                                     "epochs": 12}}
 # Faster R-CNN from random init learns late (val mAP@.5 0.02 after 5 epochs, 0.76 after 12 at
-# lr 1e-3; a training step of 32 canvases ~1 s on 2 cores).
+# lr 1e-3; a training step of 32 canvases ~1 s on 2 cores). Plain PTQ: one static attempt takes
+# ~3 minutes on its 100-proposal graph, and the recovery ladder would try dozens.
 FASTER_RCNN = {"prepare": {"image_size": 64},
                "train": {"model": "fasterrcnn_mobilenet_v3_large_320_fpn", "epochs": 12,
-                         "lr": 0.001}}
+                         "lr": 0.001},
+               "quantize_static": {"max_fallback_steps": 0}}
 TORCHVISION = {"ssdlite": SSDLITE, "fasterrcnn": FASTER_RCNN}
 
 VARIANTS = ("fp32", "dynamic", "static", "qat")
@@ -140,8 +142,9 @@ def torchvision_rows(repo: Path, log: Path, changes: dict) -> list[dict]:
     """One of torchvision's detectors through the pipeline with `changes` to the params."""
     set_params(repo, changes)
     seconds = repro(repo, log)
+    plain = changes.get("quantize_static", {}).get("max_fallback_steps") == 0
     name = (f"{changes['train']['model']} ({changes['prepare']['image_size']} px, "
-            f"{changes['train']['epochs']} epochs)")
+            f"{changes['train']['epochs']} epochs{', plain PTQ' if plain else ''})")
     return [row(repo, name, v, seconds if v == "fp32" else None) for v in VARIANTS]
 
 
