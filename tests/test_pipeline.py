@@ -163,7 +163,8 @@ SCHEMA_READERS = {
     "evaluate": EVALUATE,
     "bench": {*BENCH, "bench_torch"},
     "gates": {"report"},
-    "detect": {"train", "export", "quantize_static", "quantize_qat", *EVALUATE, *BENCH},
+    "detect": {"train", "export", "quantize_static", "quantize_qat", *EVALUATE, *BENCH,
+               "bench_torch"},
 }
 
 
