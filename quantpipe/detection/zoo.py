@@ -87,9 +87,9 @@ class SSDLite(Detector):
 # Region proposals kept per image: the RPN's best by objectness, a fixed count so the graph
 # keeps a fixed shape (torchvision's 320 model keeps 150 after NMS at test time).
 PROPOSALS = 100
-# The box head's width (torchvision: 1024). At 64 px a proposal pools from a 2x2 map, and the
-# 1024-wide head (12.8M of the model's 19M parameters) made one training step of 32 canvases
-# take seconds on 2 cores; 256 is a quarter of its cost.
+# The box head's width (torchvision: 1024). The 1024-wide head (12.8M of the model's 19M
+# parameters) made one training step of 32 canvases take seconds on 2 cores; 256 is a quarter
+# of its cost.
 HEAD_WIDTH = 256
 
 
@@ -104,7 +104,8 @@ class FasterRCNN(Detector):
     MultiScaleRoIAlign, every level computed and the right one kept, so the batch index stays
     a tensor), and each is decoded to the box of its best class: Ultralytics' layout with
     PROPOSALS anchors, so the one NMS is quantpipe's post-processing, as for every detector.
-    Default anchor sizes (32-512 px at 320 px) scale with the image size.
+    Default anchor sizes (32-512 px at 320 px) scale with the image size, and the FPN reads
+    the backbone stages that suit it (_fpn_backbone).
 
     Trained with torchvision's own losses (RPN and box head, with their sampling and NMS), in
     torchvision's training mode; the two-stage training has no loss on this graph's outputs,
