@@ -39,9 +39,16 @@ def main(argv: list[str]) -> None:
     # Concurrent requests: twice as many callers as cores, so requests queue for the cores.
     # fp32 and static must match their sequential outputs bit for bit; dynamic is held to its
     # batch tolerance (its activation scales are computed at run time).
+    same = None
+    if info.task == "detection":
+        from quantpipe.detection import task
+
+        d = params.load(DetectParams)
+        # Batches agree when their detections pair up (same label, IoU >= 0.5), both ways.
+        same = lambda a, b: task.agreement(a, b, d).agreement  # noqa: E731
     checks = evaluate.edge_checks(session, info, x, odd_batch=ODD_BATCH, large_batch=p.batch_size,
                                   atol=atol, callers=2 * machines.load(args.machine)["cores"],
-                                  concurrency_atol=atol if variant == "dynamic" else 0.0)
+                                  concurrency_atol=atol if variant == "dynamic" else 0.0, same=same)
     # Fail before writing: metrics of a model that fails a check (NaN logits, say) must not
     # replace the last good ones.
     failed = [c for c in checks if not c.ok]
@@ -55,11 +62,8 @@ def main(argv: list[str]) -> None:
     pool_ref = pool_out if variant == "fp32" else onnxutil.run_batched(fp32_session, pool_x,
                                                                         p.batch_size)
     if info.task == "detection":
-        from quantpipe.detection import task
-
         task.check_output(logits, info, str(path))
-        quality, pool, results = task.evaluation(logits, ref, pool_out, pool_ref, test, info,
-                                                 params.load(DetectParams))
+        quality, pool, results = task.evaluation(logits, ref, pool_out, pool_ref, test, info, d)
         summary = (f"mAP@[.5:.95] {quality['map_50_95']:.4f} (drop {quality['map_drop_pts']:.2f} "
                    f"points), mAP@.5 {quality['map_50']:.4f}, detection agreement with fp32 "
                    f"{quality['agreement']:.4f} (pool of {pool['samples']}: {pool['agreement']:.4f})")

@@ -139,6 +139,29 @@ def test_edge_checks_catch_a_batch_dependent_model(samples):
     assert all(c.ok for name, c in checks.items() if name.startswith("finite_"))
 
 
+def test_a_detectors_batches_are_judged_by_what_they_detect(samples):
+    """Rows that differ between batch sizes pass when the detections match (an INT8 kernel
+    rounding a proposal's score a step apart swaps near-equal rows), and fail when they do not."""
+    info, x = samples
+    torch.manual_seed(0)
+    session = _session(BatchMeanSubtracted())  # its rows differ with the batch
+    for matched, ok in ((1.0, True), (0.98, False)):
+        seen = []
+
+        def same(batched, single, matched=matched):
+            seen.append((batched.shape, single.shape))
+            return matched
+
+        checks = {c.name: c for c in evaluate.edge_checks(
+            session, info, x, odd_batch=7, large_batch=16, atol=1e-4, callers=4,
+            concurrency_atol=0.0, same=same)}
+        assert checks["batch_odd"].ok is ok and checks["batch_large"].ok is ok
+        assert f"detections matched {matched:.2%} of the single-sample runs' (need 100%)" in \
+            checks["batch_large"].detail
+        assert seen[-1][0] == seen[-1][1] == (16, 4)  # the batch and the same rows run one by one
+        assert checks["batch_1"].ok and "detections" not in checks["batch_1"].detail  # rows equal
+
+
 class LargeLogits(nn.Module):
     """Logits in the hundreds, each row moved by its batch-mates by `mix` x their mean: a dynamic
     model's batch-wide activation scales do this, in proportion to the values."""
