@@ -19,6 +19,7 @@ default detector on the embedded canvases), then
     python scripts/detection.py --workdir /tmp/det -o /tmp/detection.json
     python scripts/detection.py --only ssdlite      # re-measure the SSDLite rows only
     python scripts/detection.py --only fasterrcnn   # the Faster R-CNN rows only
+    python scripts/detection.py --only fasterrcnn --collect   # its rows from the run in --workdir
 
 About an hour on 2 cores (32 minutes without Faster R-CNN).
 """
@@ -138,14 +139,19 @@ def dark_calibration(repo: Path, log: Path, ladder: bool) -> dict:
             "calibration_check": q["calibration_check"]}
 
 
-def torchvision_rows(repo: Path, log: Path, changes: dict) -> list[dict]:
-    """One of torchvision's detectors through the pipeline with `changes` to the params."""
-    set_params(repo, changes)
-    seconds = repro(repo, log)
+def torchvision_rows(repo: Path, log: Path, changes: dict, run: bool = True) -> list[dict]:
+    """One of torchvision's detectors through the pipeline with `changes` to the params (run
+    False: the rows of the run already in repo, without its pipeline time). A variant its
+    stage skipped (Faster R-CNN's QAT) has no row."""
+    seconds = None
+    if run:
+        set_params(repo, changes)
+        seconds = repro(repo, log)
     plain = changes.get("quantize_static", {}).get("max_fallback_steps") == 0
     name = (f"{changes['train']['model']} ({changes['prepare']['image_size']} px, "
             f"{changes['train']['epochs']} epochs{', plain PTQ' if plain else ''})")
-    return [row(repo, name, v, seconds if v == "fp32" else None) for v in VARIANTS]
+    summary = read(repo, "metrics/summary.json")
+    return [row(repo, name, v, seconds if v == "fp32" else None) for v in VARIANTS if v in summary]
 
 
 def torchvision_inference(repo: Path) -> dict:
@@ -178,11 +184,11 @@ def torchvision_inference(repo: Path) -> dict:
             "graph_map_50_95": graph["map_50_95"], "graph_map_50": graph["map_50"]}
 
 
-def run_torchvision(repo: Path, log: Path, name: str, record: dict) -> None:
+def run_torchvision(repo: Path, log: Path, name: str, record: dict, run: bool = True) -> None:
     """torchvision_rows of TORCHVISION[name] into record (replacing that model's rows)."""
     changes = TORCHVISION[name]
     record["rows"] = [r for r in record["rows"] if changes["train"]["model"] not in r["name"]]
-    record["rows"] += torchvision_rows(repo, log, changes)
+    record["rows"] += torchvision_rows(repo, log, changes, run)
     if name == "fasterrcnn":
         record["faster_rcnn_cut"] = torchvision_inference(repo)
 
@@ -193,7 +199,18 @@ def main() -> None:
     parser.add_argument("-o", "--output", type=Path, default=ROOT / "metrics/detection.json")
     parser.add_argument("--only", choices=list(TORCHVISION),
                         help="run only this detector's rows and replace them in the output file")
+    parser.add_argument("--collect", action="store_true",
+                        help="with --only: read the rows of the run already in --workdir (no "
+                             "clone, no dvc repro; its pipeline time is not known)")
     args = parser.parse_args()
+    if args.collect:
+        if not args.only:
+            parser.error("--collect needs --only")
+        record = json.loads(args.output.read_text())
+        run_torchvision(args.workdir / "repo", args.workdir / "repro.log", args.only, record, run=False)
+        write_json(args.output, record)
+        print(detection_table(record))
+        return
     repo, log = clone(ROOT, args.workdir)
     set_params(repo, {"prepare": {"task": "detection"}, "gates": {"enforce": False}})
     if args.only:
