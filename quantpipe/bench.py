@@ -240,27 +240,44 @@ def best_configuration(grid: dict[str, dict[str, dict[tuple[str, str], Latency]]
     `baseline_runtimes` ("baseline", as rows name FP32 timed in the same rounds) and speedup =
     its best / the baseline's best (each side as it would be deployed). Keys of grid and ips
     are (model, runtime)."""
-    def fastest(name: str, among: list[str], bs: str) -> dict:
-        p50, runtime, count = min((by_size[bs][(name, rt)].p50_ms, rt, count)
-                                  for count, by_size in grid.items() for rt in among
-                                  if (name, rt) in by_size[bs])
-        return {"runtime": runtime, "threads": int(count.removeprefix("threads")), "p50_ms": p50}
-
-    def most(name: str, among: list[str]) -> dict:
-        rate, runtime = max((max(ips[(name, rt)].values()), rt) for rt in among if (name, rt) in ips)
-        return {"runtime": runtime, **best_stream_config(ips[(name, runtime)])}
-
     sizes = next(iter(grid.values()))
-    latency = {bs: fastest(model, runtimes, bs) for bs in sizes}
-    throughput = most(model, runtimes) if ips else None
+    latency = {bs: _fastest(grid, model, runtimes, bs) for bs in sizes}
+    throughput = _most(ips, model, runtimes) if ips else None
     if model != baseline:
         for bs, row in latency.items():
-            row["baseline"] = fastest(baseline, baseline_runtimes, bs)
+            row["baseline"] = _fastest(grid, baseline, baseline_runtimes, bs)
             row["speedup"] = round(row["baseline"]["p50_ms"] / row["p50_ms"], 4)
         if throughput is not None:
-            throughput["baseline"] = most(baseline, baseline_runtimes)
+            throughput["baseline"] = _most(ips, baseline, baseline_runtimes)
             throughput["speedup"] = round(throughput["ips"] / throughput["baseline"]["ips"], 4)
     return {"latency": latency, **({"throughput": throughput} if throughput else {})}
+
+
+def add_versus(best: dict, grid: dict[str, dict[str, dict[tuple[str, str], Latency]]],
+               ips: dict[tuple[str, str], dict[StreamConfig, float]], other: str,
+               runtimes: list[str]) -> None:
+    """Beside each row of best_configuration's `best`, the best of model `other` (timed in the
+    same rounds) over `runtimes` as `other` and speedup_vs_<other> = its best / the row's:
+    INT8 against BF16, each side as it would be deployed."""
+    for bs, row in best["latency"].items():
+        row[other] = _fastest(grid, other, runtimes, bs)
+        row[f"speedup_vs_{other}"] = round(row[other]["p50_ms"] / row["p50_ms"], 4)
+    top = best.get("throughput")
+    if top is not None:
+        top[other] = _most(ips, other, runtimes)
+        top[f"speedup_vs_{other}"] = round(top["ips"] / top[other]["ips"], 4)
+
+
+def _fastest(grid: dict, name: str, among: list[str], bs: str) -> dict:
+    p50, runtime, count = min((by_size[bs][(name, rt)].p50_ms, rt, count)
+                              for count, by_size in grid.items() for rt in among
+                              if (name, rt) in by_size[bs])
+    return {"runtime": runtime, "threads": int(count.removeprefix("threads")), "p50_ms": p50}
+
+
+def _most(ips: dict, name: str, among: list[str]) -> dict:
+    rate, runtime = max((max(ips[(name, rt)].values()), rt) for rt in among if (name, rt) in ips)
+    return {"runtime": runtime, **best_stream_config(ips[(name, runtime)])}
 
 
 # --- memory and start-up ---------------------------------------------------------------------

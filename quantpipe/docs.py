@@ -10,7 +10,9 @@ NAME picks what renders it:
 - `families`: metrics/families.json (scripts/families.py);
 - `engines`: metrics/engines.json (scripts/engines.py);
 - `qat_hard`: metrics/qat_hard.json (scripts/qat_hard.py);
-- `detection`: metrics/detection.json (scripts/detection.py).
+- `detection`: metrics/detection.json (scripts/detection.py);
+- `precision`: every precision on both engines (summary.json: FP32, BF16, INT8);
+- `ort_amx`: metrics/ort_amx.json (scripts/ort_amx.py).
 
     python -m quantpipe.docs            # rewrite every generated table (`make docs`)
     python -m quantpipe.docs --check    # exit 1 naming the file whose tables differ (a test)
@@ -53,7 +55,7 @@ def _sizes(summary: dict) -> list[str]:
 def _latency_rows(summary: dict, names: list[str], sizes: list[str], key: str | None) -> list[list[str]]:
     """Per variant and batch size: p50, FP32's p50 from the same interleaved rounds, and the
     speedup (the one divided by the other). key: a by_threads key, or None for the headline."""
-    label = {"torch": "torch (eager)"}
+    label = {"torch": "torch (eager)", "bf16": "bf16 (fp32.onnx on OpenVINO)"}
     rows = []
     for v in names:
         s = summary[v]
@@ -80,7 +82,7 @@ SPEEDUP_NOTE = ("speedup = FP32's p50 from the same interleaved rounds / the var
 def headline_table(summary: dict) -> str:
     """The README's table: accuracy, size and the largest batch at all cores and on one thread."""
     sizes = _sizes(summary)[-1:]
-    names = [v for v in ("fp32", "dynamic", "static", "qat") if v in summary]
+    names = [v for v in ("fp32", "dynamic", "static", "qat", "bf16") if v in summary]
     cores = summary["machine"]["cores"]
     rows = []
     for v, first, one in zip(names, _latency_rows(summary, names, sizes, None),
@@ -99,7 +101,7 @@ def default_tables(summary: dict, static_bench: dict) -> str:
     """The default pipeline's tables (docs/results.md)."""
     machine = summary["machine"]
     sizes = _sizes(summary)
-    names = [v for v in ("fp32", "dynamic", "static", "qat", "torch") if v in summary]
+    names = [v for v in ("fp32", "dynamic", "static", "qat", "bf16", "torch") if v in summary]
     cores = machine["cores"]
     out = [f"Measured on {describe(machine)}. {SPEEDUP_NOTE}", "",
            f"**All cores** ({cores} intra-op threads: ORT's default and what you deploy with; "
@@ -124,7 +126,8 @@ def default_tables(summary: dict, static_bench: dict) -> str:
         rows.append([v, f"{config['streams']} stream{'s' * (config['streams'] != 1)} x "
                         f"{config['threads']} thread{'s' * (config['threads'] != 1)}",
                      f"{round(s['throughput_ips'], -2):,.0f}", _x(s.get("throughput_speedup")),
-                     *[f"{s['peak_rss_mb'][k]:.0f} MB" for k in sizes], f"{s['load_ms']:.0f} ms"])
+                     *[f"{s['peak_rss_mb'][k]:.0f} MB" if "peak_rss_mb" in s else "—" for k in sizes],
+                     f"{s['load_ms']:.0f} ms" if "load_ms" in s else "—"])
     out += _table(["variant", "best configuration", "images/s", "vs FP32's best",
                    *[f"peak RSS {k}" for k in sizes], "session load"], rows)
     out += ["", *runtimes_table(static_bench, sizes, cores, machine.get("openvino", ""))]
@@ -296,6 +299,79 @@ def detection_table(record: dict) -> str:
     return "\n".join(_table(head, body) + ["", note])
 
 
+# (label, variant) rows of the precision table, each on every engine that ran it.
+PRECISIONS = (("FP32", "fp32"), ("BF16 (the FP32 file)", "bf16"), ("INT8 static", "static"),
+              ("INT8 QAT", "qat"), ("INT8 dynamic", "dynamic"))
+
+
+def precision_table(summary: dict) -> str:
+    """Which precision on which CPU: FP32, BF16 and INT8 on each engine, at all cores, against
+    FP32 on ONNX Runtime (same rounds) and, for INT8 at its best, against BF16 at its best."""
+    sizes = _sizes(summary)
+    titles = summary["runtimes"]
+    reference = next(iter(titles))
+    score, drop, unit, _ = ({"classification": ("accuracy", "accuracy_drop_pp", "pp", None),
+                             "detection": ("map_50_95", "map_drop_pts", "points", None)}
+                            [summary.get("task", "classification")])
+    rows = []
+    for label, v in PRECISIONS:
+        s = summary.get(v)
+        if s is None:
+            continue
+        engines = {**({} if "runtime" in s else {reference: s}), **s.get("runtimes", {})}
+        first = True
+        for name, e in engines.items():
+            if "latency_p50_ms" not in e:
+                continue
+            versus = s.get("speedup_vs_bf16", {}) if first else {}
+            first = False
+            speed = ["x1.00" if v == "fp32" and name == reference else _x(e.get("speedup", {}).get(k))
+                     for k in sizes]
+            rows.append([label + (" (failed)" if "failed" in s or "failed" in e else ""),
+                         titles[name], f"{s[score]:.4f}",
+                         "—" if drop not in s else f"{s[drop]:.2f}",
+                         *[_ms(e["latency_p50_ms"][k]) for k in sizes], *speed,
+                         *[_x(versus.get(k)) for k in sizes]])
+    head = ["precision", "engine", score, f"drop ({unit})", *[f"p50 {k}" for k in sizes],
+            *[f"vs FP32 on {titles[reference]}, {k}" for k in sizes],
+            *[f"INT8 best vs BF16 best, {k}" for k in sizes]]
+    cores = summary["machine"]["cores"]
+    skipped = summary.get("skipped", {}).get("bf16")
+    note = (f"All {cores} cores. \"vs FP32\": FP32 on {titles[reference]} timed in the same "
+            "interleaved rounds. \"INT8 best vs BF16 best\": the variant at its fastest engine "
+            "and setting against the FP32 file in BF16 at its fastest, timed in the same rounds "
+            "(one value per variant, on its first line).")
+    if skipped:
+        note += f" No BF16 row: {skipped}."
+    return "\n".join([f"Measured on {describe(summary['machine'])}.", "", *_table(head, rows), "",
+                      note])
+
+
+# How the files of scripts/ort_amx.py read in a table.
+AMX_FILES = {"fp32": "FP32", "bf16": "FP32 file in BF16", "s8_symmetric": "INT8, S8 symmetric weights (quantpipe)",
+             "s8_zero_points": "INT8, S8 weights with zero points", "u8_weights": "INT8, U8 weights"}
+
+
+def ort_amx_table(record: dict) -> str:
+    """scripts/ort_amx.py: each file on each engine, its convolutions' kernel and ISA, p50 and
+    the speedup against FP32 on ONNX Runtime from the same rounds, at every thread count."""
+    threads = record["models"][0]["threads"]
+    head = ["model", "engine", "file", "convolutions ran on",
+            *[h for t in threads for h in (f"p50, {t} thread{'s' * (t != 1)}", f"vs FP32 ORT, {t}")]]
+    body = []
+    for m in record["models"]:
+        for row in m["rows"]:
+            convs = sorted({f"{k['isa']} ({k['kernel']})" for k in row["kernels"] if "Conv" in k["layer"]})
+            body.append([f"{m['model']} {m['image_size']} px bs{m['batch_size']}",
+                         "ONNX Runtime" if row["runtime"] == "onnxruntime" else "OpenVINO",
+                         AMX_FILES[row["file"]], "; ".join(convs),
+                         *[c for t in threads for c in (_ms(row[f"threads{t}"]["p50_ms"]),
+                                                        _x(row[f"threads{t}"]["speedup"]))]])
+    return "\n".join([f"Measured on {describe(record['machine'])}. Random weights (speed only); "
+                      "every row of a model timed in the same interleaved rounds.", "",
+                      *_table(head, body)])
+
+
 def render(name: str, root: Path) -> str:
     read = lambda rel: json.loads((root / rel).read_text())  # noqa: E731
     if name == "default":
@@ -315,6 +391,10 @@ def render(name: str, root: Path) -> str:
         return qat_hard_table(read("metrics/qat_hard.json"))
     if name == "detection":
         return detection_table(read("metrics/detection.json"))
+    if name == "precision":
+        return precision_table(read("metrics/summary.json"))
+    if name == "ort_amx":
+        return ort_amx_table(read("metrics/ort_amx.json"))
     raise ValueError(f"unknown generated block {name!r}")
 
 

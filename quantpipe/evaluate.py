@@ -14,6 +14,8 @@ from quantpipe.criterion import compare
 from quantpipe.data import DataInfo
 from quantpipe.onnxutil import parity_limit, run_batched, session_runner
 
+Runner = Callable[[np.ndarray], np.ndarray]  # a batch -> the model's first output
+
 
 def accuracy_metrics(logits: np.ndarray, ref_logits: np.ndarray, y: np.ndarray,
                      num_classes: int) -> dict:
@@ -49,9 +51,9 @@ class EdgeCheck:
     detail: str
 
 
-def edge_checks(session: ort.InferenceSession, info: DataInfo, x: np.ndarray,
+def edge_checks(session: ort.InferenceSession | Runner, info: DataInfo, x: np.ndarray,
                 odd_batch: int, large_batch: int, atol: float, callers: int,
-                concurrency_atol: float,
+                concurrency_atol: float, concurrent: list[Runner] | None = None,
                 same: Callable[[np.ndarray, np.ndarray], float] | None = None) -> list[EdgeCheck]:
     """The practitioner's pre-deployment checklist on normalized (N, C, S, S) samples.
 
@@ -61,7 +63,9 @@ def edge_checks(session: ort.InferenceSession, info: DataInfo, x: np.ndarray,
     `same` gives the share of detections that match, and a batch whose rows differ passes when
     all of them do); `callers` threads
     calling the session at once must each get what their input gives alone (within
-    concurrency_atol; 0 means exactly).
+    concurrency_atol; 0 means exactly). `session` may be another engine's runner; `concurrent`
+    then gives one runner per caller where that engine's runner serves one call at a time
+    (OpenVINO: one infer request per caller, as its servers do).
     """
     shape = (1, *info.input_shape)
     mean = np.asarray(info.mean, dtype=np.float32)
@@ -100,7 +104,8 @@ def edge_checks(session: ort.InferenceSession, info: DataInfo, x: np.ndarray,
             detail += f"; detections matched {matched:.2%} of the single-sample runs' (need 100%)"
         checks.append(EdgeCheck(name, ok, detail))
     inputs = concurrent_inputs(x, callers, sizes=(1, odd_batch, min(32, large_batch)))
-    checks.append(concurrency_check(session_runner(session), inputs, atol=concurrency_atol))
+    run = session_runner(session) if isinstance(session, ort.InferenceSession) else session
+    checks.append(concurrency_check(concurrent or run, inputs, atol=concurrency_atol))
     return checks
 
 
@@ -115,21 +120,24 @@ def concurrent_inputs(x: np.ndarray, callers: int, sizes: tuple[int, ...]) -> li
     return inputs
 
 
-def concurrency_check(run: Callable[[np.ndarray], np.ndarray], inputs: list[np.ndarray], *,
+def concurrency_check(run: Runner | list[Runner], inputs: list[np.ndarray], *,
                       atol: float, repeats: int = 3) -> EdgeCheck:
-    """Concurrent requests: `run` is called from len(inputs) threads at once, each with its own
+    """Concurrent requests: `run` (or, given a list, runner i for input i: one infer request
+    each on one compiled model) is called from len(inputs) threads at once, each with its own
     input `repeats` times; every output must equal that input's output from a sequential call
     (within atol; 0 means exactly). A server shares one session between request threads, so a
     runtime (or a wrapper around it) that mixes up buffers between calls shows here.
     """
-    expected = [run(batch) for batch in inputs]
-    outputs, _ = run_concurrently([functools.partial(_outputs, run, batch, repeats)
-                                   for batch in inputs])
+    runs = run if isinstance(run, list) else [run] * len(inputs)  # one per caller, or shared
+    expected = [r(batch) for r, batch in zip(runs, inputs)]
+    outputs, _ = run_concurrently([functools.partial(_outputs, r, batch, repeats)
+                                   for r, batch in zip(runs, inputs)])
     gap = max(_difference(out, want) for outs, want in zip(outputs, expected) for out in outs)
     sizes = sorted({len(batch) for batch in inputs})
     tolerance = "exactly" if atol == 0 else f"atol {atol:g}"
     return EdgeCheck("concurrent_requests", bool(gap <= atol),
-                     f"{len(inputs)} threads x {repeats} calls on one session at once, batches of "
+                     f"{len(inputs)} threads x {repeats} calls on one "
+                     f"{'model, a request each,' if isinstance(run, list) else 'session'} at once, batches of "
                      f"{', '.join(map(str, sizes))}: max |concurrent - sequential| = {gap:.3g} "
                      f"({tolerance})")
 

@@ -89,7 +89,7 @@ def read_json(path: Path | str) -> dict:
 
 
 # The ONNX variants evaluate and bench run on, as dvc.yaml's foreach lists them.
-VARIANTS = ("fp32", "dynamic", "static", "qat")
+VARIANTS = ("fp32", "dynamic", "static", "qat", "bf16")
 
 
 def skipped_model(path: Path | str) -> str | None:

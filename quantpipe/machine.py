@@ -26,11 +26,15 @@ from pathlib import Path
 from quantpipe.errors import UserError
 
 MACHINE_FILE = Path("metrics/machine.json")
-# CPU flags (as /proc/cpuinfo spells them) that decide how fast INT8 can be on x86: AVX2 and
-# AVX-512 (BW: the byte/word ops of the AVX-512 u8s8 kernels) set the vector width; VNNI does
-# a u8*s8 dot product in one instruction (avx512_vnni, or avx_vnni on 256-bit vectors); AMX-INT8
-# multiplies whole tiles.
-CPU_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8")
+# CPU flags (as /proc/cpuinfo spells them) that decide how fast INT8 and BF16 can be on x86:
+# AVX2 and AVX-512 (BW: the byte/word ops of the AVX-512 u8s8 kernels) set the vector width;
+# VNNI does a u8*s8 dot product in one instruction (avx512_vnni, or avx_vnni on 256-bit
+# vectors); AMX multiplies whole tiles (amx_tile: the tile registers, amx_int8 and amx_bf16 the
+# products on them); avx512_bf16 is a BF16 dot product on vectors, avx512_fp16 FP16 arithmetic.
+CPU_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_tile", "amx_int8",
+             "avx512_bf16", "amx_bf16", "avx512_fp16")
+# Either gives native BF16: without both, BF16 is emulated in FP32 and slower than FP32 itself.
+NATIVE_BF16 = ("avx512_bf16", "amx_bf16")
 # Versions recorded with every measurement; a new onnxruntime or openvino changes kernels, hence
 # numbers.
 PACKAGES = ("onnxruntime", "openvino", "torch", "numpy")
@@ -62,6 +66,15 @@ def probe(cpuinfo: str | None = None, affinity: set[int] | None = None,
             "logical_cpus": len(affinity),
             **{name: _version(name) for name in PACKAGES},
             "python": platform.python_version()}
+
+
+def native_bf16(machine: dict) -> str | None:
+    """None when the machine computes in BF16 natively; else why a BF16 row is skipped."""
+    flags = machine.get("cpu_flags", {})
+    if any(flags.get(f) for f in NATIVE_BF16):
+        return None
+    return (f"this CPU has no native BF16 ({' or '.join(NATIVE_BF16)} in metrics/machine.json): "
+            "emulated BF16 runs slower than FP32 and would mislead")
 
 
 def load(path: Path = MACHINE_FILE) -> dict:

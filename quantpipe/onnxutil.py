@@ -80,7 +80,8 @@ def check_and_serialize(model: onnx.ModelProto, name: str) -> bytes:
 
 def make_session(model: Path | str | bytes, *, level: ort.GraphOptimizationLevel,
                  threads: int = 0, profile_prefix: str | None = None,
-                 stop_spinning: bool = False) -> ort.InferenceSession:
+                 stop_spinning: bool = False, optimized_path: Path | None = None
+                 ) -> ort.InferenceSession:
     """A CPU session at the given optimization level; threads=0 lets ORT choose.
 
     With profile_prefix, ORT records every run; session.end_profiling() writes the trace to
@@ -88,7 +89,8 @@ def make_session(model: Path | str | bytes, *, level: ort.GraphOptimizationLevel
     stop_spinning: the intra-op threads stop spinning when a run ends. For sessions that take
     turns in one process (the benchmark's interleaved FP32 and INT8): otherwise one session's
     spinning workers steal the cores the other runs on (measured here: static at 2 threads,
-    bs64, p90 5.5 ms instead of 2.4 ms, p50 unchanged).
+    bs64, p90 5.5 ms instead of 2.4 ms, p50 unchanged). optimized_path: where ORT writes the
+    graph it runs (after its optimizations).
     """
     options = ort.SessionOptions()
     options.graph_optimization_level = level
@@ -97,6 +99,8 @@ def make_session(model: Path | str | bytes, *, level: ort.GraphOptimizationLevel
     options.log_severity_level = 3  # ORT's warnings about unused initializers are noise here
     if stop_spinning:
         options.add_session_config_entry("session.force_spinning_stop", "1")
+    if optimized_path is not None:
+        options.optimized_model_filepath = str(optimized_path)
     if profile_prefix is not None:
         options.enable_profiling = True
         options.profile_file_prefix = profile_prefix
@@ -136,9 +140,11 @@ def session_runner(session: ort.InferenceSession) -> Callable[[np.ndarray], np.n
     return lambda batch: session.run(None, {name: batch})[0]
 
 
-def run_batched(session: ort.InferenceSession, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
-    """Outputs of the first model output for (N, ...) inputs, batch by batch."""
-    run = session_runner(session)
+def run_batched(session: ort.InferenceSession | Callable[[np.ndarray], np.ndarray], x: np.ndarray,
+                batch_size: int = 256) -> np.ndarray:
+    """Outputs of the first model output for (N, ...) inputs, batch by batch; `session` may also
+    be a runner (another engine's: batch -> first output)."""
+    run = session_runner(session) if isinstance(session, ort.InferenceSession) else session
     return np.concatenate([run(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
 
 

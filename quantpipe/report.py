@@ -9,6 +9,8 @@ from quantpipe.machine import describe
 from quantpipe.schemas.gates import GatesParams
 
 QUANTIZED = ("dynamic", "static", "qat")
+# What may be shipped instead of FP32: the INT8 variants and the FP32 file computed in BF16.
+CANDIDATES = (*QUANTIZED, "bf16")
 # Top-level summary keys that are not model rows.
 RECORDS = ("machine", "runtimes", "skipped", "recommended", "task")
 # Below this FP32 latency (ms) per-run overhead, not arithmetic, decides INT8 vs FP32.
@@ -40,6 +42,8 @@ def build_summary(evals: dict[str, dict], benches: dict[str, dict],
     evals = {v: ev for v, ev in evals.items() if v not in skipped}
     machine, threads = bench_setup({v: b for v, b in benches.items() if v not in skipped})
     fp32 = evals["fp32"]
+    reference = next((name for name, e in benches["fp32"].get("runtimes", {}).items()
+                      if e.get("reference")), "onnxruntime")
     detection = "map_50_95" in fp32
     summary: dict = {"task": "detection"} if detection else {}
     for variant, ev in evals.items():
@@ -52,8 +56,14 @@ def build_summary(evals: dict[str, dict], benches: dict[str, dict],
             entry["end_to_end"] = _latency(b["end_to_end"], threads, with_speedup=variant != "fp32")
         best = b["throughput"]["best"]
         entry.update({"throughput_ips": best["ips"],
-                      "throughput_config": {"streams": best["streams"], "threads": best["threads"]},
-                      "peak_rss_mb": b["memory"]["peak_rss_mb"], "load_ms": b["memory"]["load_ms"]})
+                      "throughput_config": {"streams": best["streams"], "threads": best["threads"]}})
+        if "memory" in b:  # ONNX Runtime's process (the bf16 row runs on another engine)
+            entry.update({"peak_rss_mb": b["memory"]["peak_rss_mb"], "load_ms": b["memory"]["load_ms"]})
+        if b.get("runtime", reference) != reference:
+            # The bf16 row: its latency keys are this engine's, in this precision.
+            entry.update({"runtime": b["runtime"], "inference_precision": ev["inference_precision"]})
+            if "failed" in b["runtimes"][b["runtime"]]:  # it disagrees with FP32 beyond parity
+                entry["failed"] = b["runtimes"][b["runtime"]]["failed"]
         if variant != "fp32":
             entry.update({
                 **({"map_drop_pts": ev["map_drop_pts"]} if detection else
@@ -65,6 +75,12 @@ def build_summary(evals: dict[str, dict], benches: dict[str, dict],
         # The fastest engine and setting; the other engines' figures (ONNX Runtime's are the
         # keys above).
         entry["best"] = b["best"]
+        if "speedup_vs_bf16" in next(iter(b["best"]["latency"].values())):
+            # INT8 at its best against the FP32 file in BF16 at its best, in the same rounds.
+            entry["speedup_vs_bf16"] = {bs: r["speedup_vs_bf16"] for bs, r in b["best"]["latency"].items()}
+            if "throughput" in b["best"]:
+                entry["throughput_speedup_vs_bf16"] = b["best"]["throughput"]["speedup_vs_bf16"]
+        entry["kernels"] = b.get("kernels", {})
         entry["runtimes"] = {name: _engine_entry(e, threads) for name, e in b["runtimes"].items()
                              if not e.get("reference")}
         if variant in (failed or {}):
@@ -116,6 +132,11 @@ def quantized_of(summary: dict) -> list[str]:
     return [v for v in QUANTIZED if v in summary]
 
 
+def candidates_of(summary: dict) -> list[str]:
+    """What may be recommended instead of FP32 and has a row: the INT8 variants and bf16."""
+    return [v for v in CANDIDATES if v in summary]
+
+
 def bench_setup(benches: dict[str, dict]) -> tuple[dict, list[int]]:
     """The machine and thread counts every bench JSON shares (the first count is the headline).
 
@@ -148,16 +169,17 @@ def _latency(rows_by_threads: dict[str, dict], threads: list[int], with_speedup:
 
 def recommend(summary: dict, gates: GatesParams) -> dict[str, dict]:
     """The variant to ship per batch size: the fastest (its `best` configuration) among FP32 and
-    the quantized variants that did not fail their stage's check (`failed`), keep within
-    gates.max_accuracy_drop_pp and are no slower than
-    FP32 in any measurement at that batch size — every thread count on ONNX Runtime and the
-    best configurations against each other. FP32 when none is; `why` says what decided it."""
+    the candidates (the INT8 variants and bf16) that did not fail their stage's check
+    (`failed`), keep within gates.max_accuracy_drop_pp and are no slower than
+    FP32 in any measurement at that batch size — every thread count (on ONNX Runtime; bf16's on
+    its engine) and the best configurations against each other. FP32 when none is; `why` says
+    what decided it."""
     fp32 = summary["fp32"]
     _, drop_key, unit, gate = score_keys(summary)
     recommended = {}
     for bs in fp32["latency_p50_ms"]:
         candidates, reasons = [], []
-        for variant in quantized_of(summary):
+        for variant in candidates_of(summary):
             entry = summary[variant]
             speedups = {f"{count.removeprefix('threads')} thread(s)": row["speedup"][bs]
                         for count, row in entry["by_threads"].items()}
@@ -348,9 +370,10 @@ def render_markdown(summary: dict, notes: list[str], profiles: dict[str, dict] |
     rows = variants_of(summary)
     threads = [int(k.removeprefix("threads")) for k in rows["fp32"]["by_threads"]]
     sizes = sorted(rows["fp32"]["latency_p50_ms"], key=lambda k: int(k[2:]))
-    text = ["# quantpipe results", "",
+    text = ["# quantpipe results", "", precision_line(summary, sizes), "",
             f"Measured on {describe(machine)}. Speedups are measured against FP32 in the same "
             "interleaved rounds, on this machine only.", "",
+            *_kernel_lines(summary),
             *_recommendation(summary, notes),
             f"## {_threads_title(threads[0], machine)}", "",
             *_headline_table(rows, sizes), "",
@@ -360,7 +383,9 @@ def render_markdown(summary: dict, notes: list[str], profiles: dict[str, dict] |
     onnx_rows = {v: s for v, s in rows.items() if "throughput_ips" in s}  # not torch
     text += ["", *_throughput_section(onnx_rows, machine)]
     text += ["", *_engines_section(onnx_rows, sizes, threads[0], summary["runtimes"])]
-    text += ["", *_memory_section(onnx_rows, sizes, threads[0])]
+    text += ["", *_memory_section({v: r for v, r in onnx_rows.items() if "load_ms" in r}, sizes,
+                                  threads[0])]
+    text += ["", *_kernels_section(rows, summary["runtimes"])]
     if profiles:
         # Where the time goes, from one ORT profile per variant (metrics/bench/<variant>.json).
         first = next(iter(profiles.values()))
@@ -368,6 +393,79 @@ def render_markdown(summary: dict, notes: list[str], profiles: dict[str, dict] |
                  "profile): " + "; ".join(f"{v} {describe_profile(p)}" for v, p in profiles.items())
                  + "."]
     return "\n".join(text) + "\n"
+
+
+def precision_line(summary: dict, sizes: list[str]) -> str:
+    """report.md's first line: on this machine, does INT8 pay over BF16 (the FP32 file computed
+    in BF16, no calibration), and by how much; each side at its best engine and setting."""
+    flags = summary["machine"].get("cpu_flags", {})
+    isa = ", ".join(f for f in ("amx_int8", "amx_bf16", "avx512_bf16", "avx512_vnni", "avx_vnni")
+                    if flags.get(f)) or "no VNNI, AMX or BF16"
+    if "bf16" not in summary:
+        why = summary.get("skipped", {}).get("bf16", "no bf16 row")
+        return (f"**INT8 against BF16 on this machine** ({isa}): not measured, {why}; INT8 is "
+                "weighed against FP32 only.")
+    smallest, largest = sizes[0], sizes[-1]
+    bf16 = summary["bf16"]
+    drop_key, unit = score_keys(summary)[1:3]
+    base = (f"BF16 (the FP32 file on {summary['runtimes'][bf16['runtime']]}, no calibration) "
+            f"runs x{bf16['best']['latency'][largest]['speedup']:.2f} the best FP32 at {largest} "
+            f"and loses {bf16[drop_key]:.2f} {unit}")
+    if bf16.get("inference_precision", "bf16") != "bf16":  # the flags said BF16, the engine did not
+        base += f" (but {summary['runtimes'][bf16['runtime']]} ran it in {bf16['inference_precision']})"
+    int8 = [v for v in QUANTIZED if "speedup_vs_bf16" in summary.get(v, {})
+            and "failed" not in summary[v]]
+    if not int8:
+        return (f"**INT8 against BF16 on this machine** ({isa}): {base}; no INT8 variant passed "
+                "its checks to compare with it.")
+    top = max(int8, key=lambda v: summary[v]["speedup_vs_bf16"][largest])
+    gain = summary[top]["speedup_vs_bf16"][largest]
+    verdict = (f"INT8 pays over BF16: {top} runs x{gain:.2f} BF16's best" if gain > 1 + SAME_SPEED
+               else f"INT8 does not pay over BF16: the fastest, {top}, runs x{gain:.2f} BF16's best")
+    each = "; ".join(f"{v} x{summary[v]['speedup_vs_bf16'][largest]:.2f} at {largest}"
+                     + (f", x{summary[v]['speedup_vs_bf16'][smallest]:.2f} at {smallest}"
+                        if smallest != largest else "") for v in int8)
+    return (f"**INT8 against BF16 on this machine** ({isa}): {verdict} at {largest} ({each}). "
+            f"{base}. Each side at its best engine and setting, timed in the same rounds.")
+
+
+def kernel_isas(kernels: list[dict]) -> dict[str, list[str]]:
+    """{"convolutions": [ISA, ...], "matrix multiplies": [...]} of one engine's kernels."""
+    out: dict[str, list[str]] = {}
+    for k in kernels:
+        kind = "convolutions" if "Conv" in k["layer"] else "matrix multiplies"
+        if k["isa"] not in out.setdefault(kind, []):
+            out[kind].append(k["isa"])
+    return out
+
+
+def _kernel_lines(summary: dict) -> list[str]:
+    """What ran the shipped kinds of model: per engine, the instruction sets of static INT8's
+    (else the first INT8 variant's) and bf16's convolutions and matrix multiplies."""
+    titles = summary["runtimes"]
+    parts = []
+    for variant, label in ((next((v for v in ("static", *QUANTIZED) if v in summary), None), "INT8"),
+                           ("bf16", "BF16")):
+        for name, kernels in summary.get(variant, {}).get("kernels", {}).items() if variant else ():
+            isas = kernel_isas(kernels)
+            if isas:
+                ran = " and ".join(f"{kind} ran on " + ", ".join(i) for kind, i in isas.items())
+                parts.append(f"{label} {ran} under {titles[name]}")
+    return [f"**Kernels**: {'; '.join(parts)} (every kernel: Kernels, below).", ""] if parts else []
+
+
+def _kernels_section(rows: dict[str, dict], titles: dict[str, str]) -> list[str]:
+    body = [[variant, titles[name], k["layer"], f"`{k['kernel']}`", k["precision"], k["isa"],
+             str(k["count"])]
+            for variant, s in rows.items() for name, kernels in s.get("kernels", {}).items()
+            for k in kernels]
+    if not body:
+        return []
+    return ["## Kernels (largest batch, latency configuration)", "",
+            *_table(["variant", "engine", "layer", "kernel", "precision", "ISA", "count"], body), "",
+            "OpenVINO names the kernel each layer ran (its executed graph); ONNX Runtime's profile "
+            "names op kernels, and the MLAS routine and instruction set follow from the node and "
+            "this CPU's flags (docs/precision.md)."]
 
 
 def _recommendation(summary: dict, notes: list[str]) -> list[str]:
@@ -383,7 +481,7 @@ def _recommendation(summary: dict, notes: list[str]) -> list[str]:
     if lines:
         lines = [f"**Recommended** (by latency, within `gates.{score_keys(summary)[3]}`, never "
                  "slower than FP32):", "", *lines]
-    failed = {v: summary[v]["failed"] for v in quantized_of(summary) if "failed" in summary[v]}
+    failed = {v: summary[v]["failed"] for v in candidates_of(summary) if "failed" in summary[v]}
     if failed:
         lines += ["", "**Failed** (measured below, left out of the recommendation; the gates "
                   "fail on it):", "", *[f"- `{v}`: {why}" for v, why in failed.items()]]
@@ -492,10 +590,11 @@ def _engines_section(rows: dict[str, dict], sizes: list[str], threads: int,
                                                    "throughput (images/s)", "trusted"])
     body, fastest, left_out = [], [], []
     for variant, s in rows.items():
-        engines = {reference: {"latency_p50_ms": s["latency_p50_ms"],
-                               "speedup": s.get("speedup", {largest: 1.0}),
-                               "throughput_ips": s["throughput_ips"]},
-                   **s["runtimes"]}
+        # A row's top-level keys are the reference's, except bf16's (its engine's, already
+        # under runtimes).
+        engines = {**({} if "runtime" in s else {
+            reference: {"latency_p50_ms": s["latency_p50_ms"], "speedup": s.get("speedup", {largest: 1.0}),
+                        "throughput_ips": s["throughput_ips"]}}), **s["runtimes"]}
         for name, e in engines.items():
             parity = e.get("parity", {})
             trusted = "no" if "failed" in e else ("reference" if name == reference else "yes")
@@ -523,14 +622,21 @@ def _fastest_line(variant: str, best: dict, sizes: list[str], titles: dict[str, 
         part = f"at {bs} {_setting(b, titles)}, {b['p50_ms']:.3f} ms"
         if "baseline" in b:
             base = b["baseline"]
-            part += f" (x{b['speedup']:.2f} the best FP32: {_setting(base, titles)}, {base['p50_ms']:.3f} ms)"
+            part += f" (x{b['speedup']:.2f} the best FP32: {_setting(base, titles)}, {base['p50_ms']:.3f} ms"
+            if "bf16" in b:
+                part += (f"; x{b['speedup_vs_bf16']:.2f} the best BF16: {_setting(b['bf16'], titles)}, "
+                         f"{b['bf16']['p50_ms']:.3f} ms")
+            part += ")"
         parts.append(part)
     t = best.get("throughput")
     if t:
         part = f"throughput {_setting(t, titles)}, {t['ips']:,.0f} images/s"
         if "baseline" in t:
             base = t["baseline"]
-            part += f" (x{t['speedup']:.2f} the best FP32: {_setting(base, titles)}, {base['ips']:,.0f})"
+            part += f" (x{t['speedup']:.2f} the best FP32: {_setting(base, titles)}, {base['ips']:,.0f}"
+            if "bf16" in t:
+                part += f"; x{t['speedup_vs_bf16']:.2f} the best BF16: {_setting(t['bf16'], titles)}, {t['bf16']['ips']:,.0f}"
+            part += ")"
         parts.append(part)
     return f"**{variant}**: " + "; ".join(parts) + "."
 

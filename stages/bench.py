@@ -21,6 +21,7 @@ from quantpipe import machine as machines
 from quantpipe.errors import UserError
 from quantpipe.io import run_stage, skipped_model, stage_args, write_json
 from quantpipe.runtimes import base, registry, timing
+from quantpipe.runtimes.base import describe_kernels
 from quantpipe.schemas.bench import BenchParams
 from quantpipe.schemas.detect import DetectParams
 from quantpipe.schemas.runtime import RuntimeParams
@@ -34,20 +35,27 @@ def main(argv: list[str]) -> None:
     p = params.load(BenchParams)
     level = params.load(RuntimeParams).graph_optimization_level
     try:
-        engines = registry.select(p.runtimes, level=level)
+        fp32_engines = registry.select(p.runtimes, level=level)
     except UserError as e:
         raise UserError(f"{params.PARAMS_FILE}: {e}") from None
+    bf16_engines = registry.select(p.runtimes, level=level, precision="bf16")
     machine = machines.load(args.machine)
     threads = bench.resolve_threads(p.threads, machine["cores"])
     info = data.load_info(args.data)
     test = data.load_split(args.data, "test")
     x = data.normalize(test.x, info)
     models = {variant: args.model, "fp32": args.fp32}
-    skipped = skipped_model(models[variant])
+    skipped = skipped_model(models[variant]) or (
+        variant == "bf16" and registry.bf16_skip(machine, p.runtimes))
     if skipped:
         write_json(args.metrics, {"variant": variant, "skipped": skipped})
         print(f"bench {variant}: skipped, {skipped}")
         return
+    # The FP32 file in BF16 beside every INT8 variant, timed in the same rounds: on a CPU with
+    # native BF16 it is the baseline INT8 has to beat (speedup_vs_bf16).
+    if variant not in ("fp32", "bf16") and bf16_engines and not machines.native_bf16(machine):
+        models["bf16"] = args.fp32
+    engines = {m: bf16_engines if m == "bf16" else fp32_engines for m in models}
 
     for path in models.values():  # a bad model fails in one line, before the progress bar
         onnxutil.check_input_matches(onnxutil.make_session(path, level=level), info.input_shape,
@@ -59,46 +67,65 @@ def main(argv: list[str]) -> None:
         d = params.load(DetectParams)
         # Engines agree when their detections pair up (same label, IoU >= 0.5), both ways.
         agree = {"agree": lambda ref, out: task.agreement(out, ref, d).agreement}
-    checks = {model: base.check(engines, registry.REFERENCE, path, x,
+    reference = fp32_engines[registry.REFERENCE]
+    checks = {model: base.check(engines[model], reference, path, x,
                                 None if detection else test.y, threads=threads[0],
                                 batch_size=max(p.batch_sizes), min_agreement=p.min_runtime_agreement,
                                 **(agree if detection else {}))
               for model, path in models.items()}
 
+    if not any(c.runs for c in checks[variant].values()):  # the bf16 row: no engine reads it
+        skipped = "; ".join(c.failed for c in checks[variant].values())
+        write_json(args.metrics, {"variant": variant, "skipped": skipped})
+        print(f"bench {variant}: skipped, {skipped}")
+        return
     print(f"bench {variant}: on {machines.describe(machine)}; engines: "
-          + ", ".join(f"{name} {engine.version()}" for name, engine in engines.items()))
+          + ", ".join(f"{name} {engine.version()}" for name, engine in engines[variant].items()))
     timings = timing.time_engines(engines, registry.REFERENCE, models, checks, variant, x, threads,
                                   machine["cores"], p)
+    if variant == "bf16":
+        timings["unsupported"] = registry.unsupported(p.runtimes, "bf16")
     if detection:
         # What an application waits for: the model, then decode + NMS (the same code for every
-        # variant), on the reference engine, interleaved with FP32's the same way.
-        reference = engines[registry.REFERENCE]
+        # variant), on the engine of the row's latency, interleaved with FP32's the same way.
+        row_engine = engines[variant][timings["runtime"]]
 
-        def end_to_end(path, count):
-            run = reference.runner(path, count)
+        def end_to_end(engine, path, count):
+            run = engine.runner(path, count)
             return lambda batch: post.decode(run(batch), **d.decode_args())
 
         timings["end_to_end"] = bench.latency_table(
-            lambda count: {name: end_to_end(path, count) for name, path in models.items()},
+            lambda count: {variant: end_to_end(row_engine, models[variant], count),
+                           "fp32": end_to_end(reference, models["fp32"], count)},
             variant, x, threads, p, desc=f"bench {variant} end to end")
-    memory = bench.memory_profile(models[variant], info.input_shape, p.batch_sizes,
-                                  threads=threads[0], level_name=level.name)
-    # Profiling slows every run a little, so it is a separate session after the timed rounds.
-    with tempfile.TemporaryDirectory() as tmp:
-        profiled = onnxutil.make_session(models[variant], level=level, threads=threads[0],
-                                         profile_prefix=f"{tmp}/ort")
-        profile = profiling.kernel_profile(profiled, bench.batch_of(x, max(p.batch_sizes)),
-                                       runs=PROFILE_RUNS)
-    write_json(args.metrics, {
-        "variant": variant, "graph_optimization_level": level.name, "machine": machine,
-        "threads": list(threads), **timings, "memory": memory,
-        "kernel_profile": {"threads": threads[0], **profile}})
+    largest = bench.batch_of(x, max(p.batch_sizes))
+    kernels = {name: engine.kernels(models[variant], largest, threads[0], machine["cpu_flags"])
+               for name, engine in engines[variant].items()
+               if checks[variant][name].runs and hasattr(engine, "kernels")}
+    out = {"variant": variant, "graph_optimization_level": level.name, "machine": machine,
+           "threads": list(threads), **timings, "kernels": kernels}
+    if variant != "bf16":  # the bf16 row runs on another engine than ORT: these are ORT's
+        out["memory"] = bench.memory_profile(models[variant], info.input_shape, p.batch_sizes,
+                                             threads=threads[0], level_name=level.name)
+        # Profiling slows every run a little, so it is a separate session after the timed rounds.
+        with tempfile.TemporaryDirectory() as tmp:
+            profiled = onnxutil.make_session(models[variant], level=level, threads=threads[0],
+                                             profile_prefix=f"{tmp}/ort")
+            out["kernel_profile"] = {"threads": threads[0], **profiling.kernel_profile(
+                profiled, largest, runs=PROFILE_RUNS)}
+    write_json(args.metrics, out)
 
     for line in timing.describe_timings(timings):
         print(f"bench {variant}: {line}")
-    print(f"bench {variant}: fresh process: load {memory['load_ms']:.1f} ms, peak RSS "
-          + ", ".join(f"{bs} {mb:.0f} MB" for bs, mb in memory["peak_rss_mb"].items()))
-    print(f"bench {variant}: kernel time at bs{profile['batch_size']}: {profiling.describe_profile(profile)}")
+    for name, found in kernels.items():
+        print(f"bench {variant}: {name} kernels: {describe_kernels(found)}")
+    if "memory" in out:
+        memory, profile = out["memory"], out["kernel_profile"]
+        print(f"bench {variant}: fresh process: load {memory['load_ms']:.1f} ms, peak RSS "
+              + ", ".join(f"{bs} {mb:.0f} MB" for bs, mb in memory["peak_rss_mb"].items()))
+        print(f"bench {variant}: kernel time at bs{profile['batch_size']}: "
+              f"{profiling.describe_profile(profile)}")
+
 
 if __name__ == "__main__":
     run_stage(main)

@@ -1,10 +1,16 @@
 """evaluate <variant>: accuracy of models/<variant>.onnx on the test split, agreement and logit
-error vs FP32, per-class accuracy, a confusion matrix, graph facts and edge-input checks."""
+error vs FP32, per-class accuracy, a confusion matrix, graph facts and edge-input checks.
+
+The bf16 variant is models/fp32.onnx computed in BF16 by the first engine of bench.runtimes
+that can (OpenVINO), on a CPU with native BF16; elsewhere it is skipped with the reason."""
 
 from quantpipe import criterion, data, evaluate, onnxutil, params
 from quantpipe import machine as machines
 from quantpipe.errors import UserError
 from quantpipe.io import run_stage, skipped_model, stage_args, write_json
+from quantpipe.runtimes import registry
+from quantpipe.runtimes.base import RuntimeUnavailable
+from quantpipe.schemas.bench import BenchParams
 from quantpipe.schemas.detect import DetectParams
 from quantpipe.schemas.evaluate import EvaluateParams
 from quantpipe.schemas.runtime import RuntimeParams
@@ -18,7 +24,9 @@ def main(argv: list[str]) -> None:
     variant, path, fp32_path = args.variant, args.model, args.fp32
     p = params.load(EvaluateParams)
     level = params.load(RuntimeParams).graph_optimization_level
-    skipped = skipped_model(path)
+    runtimes = params.load(BenchParams).runtimes  # the engines that may run the bf16 row
+    machine = machines.load(args.machine)
+    skipped = skipped_model(path) or (variant == "bf16" and registry.bf16_skip(machine, runtimes))
     if skipped:
         write_json(args.metrics, {"variant": variant, "skipped": skipped})
         write_json(args.confusion, [])
@@ -33,12 +41,26 @@ def main(argv: list[str]) -> None:
     session = onnxutil.make_session(path, level=level)
     onnxutil.check_input_matches(session, info.input_shape, str(path))
     fp32_session = session if variant == "fp32" else onnxutil.make_session(fp32_path, level=level)
+    # Concurrent requests: twice as many callers as cores, so requests queue for the cores.
+    callers, concurrent, engine = 2 * machine["cores"], None, {}
+    if variant == "bf16":
+        # The FP32 file computed in BF16 by the first engine of bench.runtimes that can (ONNX
+        # Runtime cannot on x86): everything below is that engine's.
+        bf16 = next(iter(registry.select(runtimes, level=level, precision="bf16").values()))
+        try:
+            session = bf16.runner(path, machine["cores"])
+            concurrent = bf16.pool(path, streams=callers, threads=1)
+        except RuntimeUnavailable as e:  # a file the engine cannot read: no row, not a stop
+            write_json(args.metrics, {"variant": variant, "skipped": str(e)})
+            write_json(args.confusion, [])
+            write_json(args.detections, [])
+            print(f"evaluate {variant}: skipped, {e}")
+            return
+        engine = {"runtime": bf16.name,
+                  "inference_precision": bf16.settings(path, machine["cores"])["inference_precision"]}
     logits = onnxutil.run_batched(session, x, p.batch_size)
     ref = logits if variant == "fp32" else onnxutil.run_batched(fp32_session, x, p.batch_size)
     atol = getattr(p.batch_consistency_atol, variant)
-    # Concurrent requests: twice as many callers as cores, so requests queue for the cores.
-    # fp32 and static must match their sequential outputs bit for bit; dynamic is held to its
-    # batch tolerance (its activation scales are computed at run time).
     same = None
     if info.task == "detection":
         from quantpipe.detection import task
@@ -46,8 +68,10 @@ def main(argv: list[str]) -> None:
         d = params.load(DetectParams)
         # Batches agree when their detections pair up (same label, IoU >= 0.5), both ways.
         same = lambda a, b: task.agreement(a, b, d).agreement  # noqa: E731
+    # fp32, static and bf16 must match their sequential outputs bit for bit; dynamic is held to
+    # its batch tolerance (its activation scales are computed at run time).
     checks = evaluate.edge_checks(session, info, x, odd_batch=ODD_BATCH, large_batch=p.batch_size,
-                                  atol=atol, callers=2 * machines.load(args.machine)["cores"],
+                                  atol=atol, callers=callers, concurrent=concurrent,
                                   concurrency_atol=atol if variant == "dynamic" else 0.0, same=same)
     # Fail before writing: metrics of a model that fails a check (NaN logits, say) must not
     # replace the last good ones.
@@ -76,7 +100,7 @@ def main(argv: list[str]) -> None:
                    f"{quality['int8_right_fp32_wrong']} won; pool of {pool['samples']}: "
                    f"{pool['agreement']:.4f})")
     metrics = {
-        "variant": variant, **quality, "pool": pool,
+        "variant": variant, **engine, **quality, "pool": pool,
         "size_bytes": path.stat().st_size, "ops": onnxutil.op_counts(model),
         "graph_optimization_level": level.name,
         "edge_checks": {c.name: {"ok": c.ok, "detail": c.detail} for c in checks}}

@@ -365,7 +365,7 @@ def benches():
 
 
 FP32_KEYS = {"accuracy", "size_bytes", "latency_p50_ms", "by_threads", "throughput_ips",
-             "throughput_config", "peak_rss_mb", "load_ms", "best", "runtimes"}
+             "throughput_config", "peak_rss_mb", "load_ms", "best", "runtimes", "kernels"}
 QUANTIZED_KEYS = FP32_KEYS | {"accuracy_drop_pp", "agreement", "size_ratio", "speedup", "baseline_p50_ms",
                               "throughput_speedup"}
 
@@ -656,8 +656,11 @@ def test_markdown_names_the_machine_and_has_every_section(evals, benches):
         b["threads"] = [2, 1]  # all cores first, as by default
     summary = report.build_summary(evals, benches)
     text = report.render_markdown(summary, ["static is slower than FP32 at bs1: why."])
-    assert text.startswith("# quantpipe results\n\nMeasured on Test CPU, 2 cores; avx2, avx512f, "
-                           "avx512_vnni (no avx512bw, avx_vnni, amx_int8); onnxruntime 1.32.0.")
+    assert text.startswith(
+        "# quantpipe results\n\n**INT8 against BF16 on this machine** (avx512_vnni): not measured, "
+        "no bf16 row; INT8 is weighed against FP32 only.\n\nMeasured on Test CPU, 2 cores; avx2, "
+        "avx512f, avx512_vnni (no avx512bw, avx_vnni, amx_tile, amx_int8, avx512_bf16, amx_bf16, "
+        "avx512_fp16); onnxruntime 1.32.0.")
     tables = _tables(text)
     assert list(tables) == ["2 intra-op threads (all cores)",
                             "FP32 PyTorch, FP32 ONNX, INT8 PTQ, INT8 QAT", "Latency by thread count",
@@ -807,3 +810,95 @@ def test_thread_scaling_note_when_the_gain_shrinks_with_threads(evals, benches):
     for b in benches.values():
         b["threads"] = [1, 2]
     assert report.thread_scaling_notes(report.build_summary(evals, benches)) == []
+
+
+# --- the bf16 row: the FP32 file computed in BF16 on OpenVINO ---------------------------------
+
+AMX_MACHINE = {**VNNI_MACHINE, "cpu_flags": {**VNNI_MACHINE["cpu_flags"], "amx_tile": True,
+                                             "amx_int8": True, "avx512_bf16": True, "amx_bf16": True}}
+
+
+def _with_bf16(evals, benches, bf16_factor):
+    """evals and benches as the stages write them on a CPU with native BF16: the bf16 row
+    (OpenVINO at bf16_factor times FP32 on ONNX Runtime, no memory probe) and, in every INT8
+    bench, the bf16 baseline timed in the same rounds (speedup_vs_bf16)."""
+    ov = ("bf16", "openvino")
+    fp32 = ("fp32", "onnxruntime")
+    for variant, b in benches.items():
+        b["machine"] = AMX_MACHINE
+        grid = {count: {bs: {ov: _lat(r.get("baseline_p50_ms", r["p50_ms"]) * bf16_factor),
+                             fp32: _lat(r.get("baseline_p50_ms", r["p50_ms"])),
+                             (variant, "onnxruntime"): _lat(r["p50_ms"])}
+                        for bs, r in rows.items()} for count, rows in b["latency"].items()}
+        ips = {ov: {StreamConfig(2, 1): FP32_IPS / bf16_factor},
+               fp32: {StreamConfig(2, 1): FP32_IPS},
+               (variant, "onnxruntime"): {StreamConfig(2, 1): b["throughput"]["best"]["ips"]}}
+        if variant != "fp32":
+            b["best"] = bench.best_configuration(grid, ips, variant, ["onnxruntime"], "fp32", ["onnxruntime"])
+            bench.add_versus(b["best"], grid, ips, "bf16", ["openvino"])
+    row = _bench("bf16", {bs: p * bf16_factor for bs, p in FP32_P50.items()},
+                 threads=tuple(int(k.removeprefix("threads")) for k in benches["fp32"]["latency"]))
+    row.update({"machine": AMX_MACHINE, "threads": benches["fp32"]["threads"]})
+    openvino = {"title": "OpenVINO", "version": "2026.4.1",
+                "parity": {**row["runtimes"]["openvino"]["parity"], "agreement": 0.999},
+                "latency": row["latency"], "throughput": row["throughput"]}
+    row.update({"runtime": "openvino", "runtimes": {"openvino": openvino},
+                "unsupported": {"onnxruntime": "no BF16 here"},
+                "kernels": {"openvino": [{"layer": "Convolution", "kernel": "brgconv_avx512_amx_bf16",
+                                          "precision": "bf16", "isa": "AMX-BF16", "count": 2}]}})
+    row["best"]["latency"] = {bs: {**r, "runtime": "openvino"} for bs, r in row["best"]["latency"].items()}
+    del row["memory"]
+    benches["bf16"] = row
+    benches["static"]["kernels"] = {
+        "onnxruntime": [{"layer": "QLinearConv", "kernel": "MLAS symmetric conv", "precision": "u8s8",
+                         "isa": "AVX-512 VNNI", "count": 2}],
+        "openvino": [{"layer": "Convolution", "kernel": "brgconv_avx512_amx_I8", "precision": "u8",
+                      "isa": "AMX-INT8", "count": 2}]}
+    evals["bf16"] = {**_eval("bf16", 0.98, 0.999, evals["fp32"]["size_bytes"]),
+                     "runtime": "openvino", "inference_precision": "bf16"}
+
+
+def test_the_bf16_row_is_a_candidate_and_int8_is_weighed_against_it(evals, benches):
+    for b in benches.values():
+        b["threads"] = [2, 1]
+    _with_bf16(evals, benches, bf16_factor=0.3)  # BF16 at 0.3x FP32's latency: faster than INT8
+    summary = report.build_summary(evals, benches)
+    bf16 = summary["bf16"]
+    assert bf16["runtime"] == "openvino" and bf16["inference_precision"] == "bf16"
+    assert "peak_rss_mb" not in bf16 and bf16["accuracy_drop_pp"] == 0.0
+    assert bf16["speedup"]["bs64"] == pytest.approx(1 / 0.3, rel=1e-3)
+    static = summary["static"]
+    # static at 2 threads: 1.6 ms at bs64; BF16: 0.3 x FP32's 4.0 ms = 1.2 ms.
+    assert static["speedup_vs_bf16"]["bs64"] == pytest.approx(1.2 / 1.6, rel=1e-3)
+    assert static["best"]["latency"]["bs64"]["bf16"]["runtime"] == "openvino"
+    assert "throughput_speedup_vs_bf16" in static
+    picks = report.recommend(summary, GatesParams())
+    assert picks["bs64"]["variant"] == "bf16" and picks["bs64"]["runtime"] == "openvino"
+    text = report.render_markdown(summary, [])
+    first = text.split("\n")[2]
+    assert first.startswith("**INT8 against BF16 on this machine** (amx_int8, amx_bf16, avx512_bf16, "
+                            "avx512_vnni): INT8 does not pay over BF16: the fastest, ")
+    assert "static, runs x0.75 BF16's best at bs64 (" in first and "static x0.75 at bs64, x0.60 at bs1" in first
+    assert "BF16 (the FP32 file on OpenVINO, no calibration) runs x" in first
+    assert ("**Kernels**: INT8 convolutions ran on AVX-512 VNNI under ONNX Runtime; INT8 convolutions "
+            "ran on AMX-INT8 under OpenVINO; BF16 convolutions ran on AMX-BF16 under OpenVINO") in text
+    tables = _tables(text)
+    assert "Kernels (largest batch, latency configuration)" in tables
+    engines = [row for row in tables["Engines: the same files on each runtime (2 thread(s))"] if row[0] == "bf16"]
+    assert [row[1] for row in engines] == ["OpenVINO"]  # its keys are OpenVINO's, once
+    assert "bf16" not in {row[0] for row in tables["Memory and start-up (a fresh process, 2 thread(s))"]}
+    # INT8 that beats BF16 by more than noise pays.
+    _with_bf16(evals, benches, bf16_factor=0.9)
+    first = report.render_markdown(report.build_summary(evals, benches), []).split("\n")[2]
+    assert "INT8 pays over BF16: static runs x2.25 BF16's best at bs64" in first
+
+
+def test_without_native_bf16_the_report_says_int8_is_weighed_against_fp32_only(evals, benches):
+    reason = machine.native_bf16(VNNI_MACHINE)
+    evals["bf16"] = {"variant": "bf16", "skipped": reason}
+    benches["bf16"] = {"variant": "bf16", "skipped": reason}
+    summary = report.build_summary(evals, benches)
+    assert "bf16" not in summary and summary["skipped"] == {"bf16": reason}
+    first = report.render_markdown(summary, []).split("\n")[2]
+    assert first == (f"**INT8 against BF16 on this machine** (avx512_vnni): not measured, {reason}; "
+                     "INT8 is weighed against FP32 only.")

@@ -25,7 +25,9 @@ def test_probe_records_model_flags_cores_and_versions():
     info = machine.probe(_cpuinfo([(0, 0, 0), (1, 0, 1)]), affinity={0, 1}, cpu_quota=None)
     assert info["cpu"] == "Test CPU @ 2.0GHz"
     assert info["cpu_flags"] == {"avx2": True, "avx512f": True, "avx512bw": True,
-                                 "avx512_vnni": True, "avx_vnni": False, "amx_int8": False}
+                                 "avx512_vnni": True, "avx_vnni": False, "amx_tile": False,
+                                 "amx_int8": False, "avx512_bf16": False, "amx_bf16": False,
+                                 "avx512_fp16": False}
     assert info["cores"] == 2 and info["logical_cpus"] == 2
     import numpy
     import onnxruntime
@@ -72,9 +74,18 @@ def test_describe_names_cpu_cores_isa_and_versions():
     info = machine.probe(_cpuinfo([(0, 0, 0), (1, 0, 0)]), affinity={0, 1}, cpu_quota=None)
     text = machine.describe(info)
     assert text.startswith("Test CPU @ 2.0GHz, 1 core (2 logical CPUs); avx2, avx512f, avx512bw, "
-                           "avx512_vnni (no avx_vnni, amx_int8); onnxruntime ")
+                           "avx512_vnni (no avx_vnni, amx_tile, amx_int8, avx512_bf16, amx_bf16, "
+                           "avx512_fp16); onnxruntime ")
     assert machine.describe({"cpu": "Old", "cpu_flags": {"avx2": False}}) == \
         "Old; no AVX2/AVX-512/VNNI/AMX (no avx2)"
+
+
+def test_native_bf16_needs_avx512_bf16_or_amx_bf16():
+    vnni = {"cpu_flags": {f: f in ("avx2", "avx512f", "avx512_vnni") for f in machine.CPU_FLAGS}}
+    assert "no native BF16" in machine.native_bf16(vnni)
+    assert "no native BF16" in machine.native_bf16({})  # a record from before the BF16 flags
+    for flag in machine.NATIVE_BF16:  # an EPYC has avx512_bf16 alone; a Xeon both
+        assert machine.native_bf16({"cpu_flags": {**vnni["cpu_flags"], flag: True}}) is None
 
 
 def test_differences_name_each_changed_field():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -12,8 +13,15 @@ import pytest
 from dvc.repo import Repo
 
 from conftest import PROBE, copy_project, reproduce, set_params
+from quantpipe import machine
+from quantpipe.runtimes import ort as ort_runtime
 
-VARIANTS = ("fp32", "dynamic", "static", "qat")
+# The ONNX files, and the bf16 row (fp32.onnx computed in BF16: measured where the CPU has
+# native BF16, skipped with the reason elsewhere; test_runtimes forces both paths).
+FILES = ("fp32", "dynamic", "static", "qat")
+VARIANTS = (*FILES, "bf16")
+NATIVE_BF16 = machine.native_bf16(machine.probe()) is None
+ROWS = VARIANTS if NATIVE_BF16 else FILES
 ALL_STAGES = {PROBE, "prepare", "train", "export", "simplify", "quantize_dynamic", "quantize_static",
               "quantize_qat", *(f"{s}@{v}" for s in ("evaluate", "bench") for v in VARIANTS),
               "bench_torch", "report"}
@@ -40,8 +48,8 @@ def test_first_repro_runs_every_stage_and_writes_the_contract(project):
     for name in ("model.pt", "exported.onnx", "fp32.onnx", "dynamic.onnx", "static.onnx", "qat.onnx"):
         assert (repo / "models" / name).stat().st_size > 0
     summary = json.loads((repo / "metrics/summary.json").read_text())
-    assert set(summary) == {"fp32", "dynamic", "static", "qat", "torch", "machine", "runtimes",
-                            "recommended"}
+    assert set(summary) == {*ROWS, "torch", "machine", "runtimes", "recommended",
+                            *(() if NATIVE_BF16 else ("skipped",))}
     assert summary["runtimes"] == {"onnxruntime": "ONNX Runtime", "openvino": "OpenVINO"}
     for variant in ("dynamic", "static", "qat"):  # the speedup is the two same-rounds medians
         for bs, x in summary[variant]["speedup"].items():
@@ -55,12 +63,13 @@ def test_first_repro_runs_every_stage_and_writes_the_contract(project):
     cores = summary["machine"]["cores"]
     threads = {f"threads{cores}", "threads1"}  # bench.threads: [all, 1]
     deploy = {"by_threads", "throughput_ips", "throughput_config", "peak_rss_mb", "load_ms",
-              "best", "runtimes"}
+              "best", "runtimes", "kernels"}
     assert set(summary["fp32"]) == {"accuracy", "size_bytes", "latency_p50_ms"} | deploy
+    versus_bf16 = {"speedup_vs_bf16", "throughput_speedup_vs_bf16"} if NATIVE_BF16 else set()
     for variant in ("dynamic", "static", "qat"):
         assert set(summary[variant]) == {"accuracy", "accuracy_drop_pp", "agreement", "size_bytes",
                                          "size_ratio", "latency_p50_ms", "speedup",
-                                         "baseline_p50_ms", "throughput_speedup"} | deploy
+                                         "baseline_p50_ms", "throughput_speedup"} | deploy | versus_bf16
         assert set(summary[variant]["speedup"]) == {"bs1", "bs8"}
         assert set(summary[variant]["by_threads"]) == threads
         # The headline is the first entry of bench.threads: all cores.
@@ -79,7 +88,7 @@ def test_first_repro_runs_every_stage_and_writes_the_contract(project):
     static_eval = json.loads((repo / "metrics/eval/static.json").read_text())
     assert {"fp32_right_int8_wrong", "int8_right_fp32_wrong", "mcnemar_p"} <= set(static_eval)
     assert static_eval["pool"]["samples"] == min(2000, prepared["train_samples"])
-    for variant in VARIANTS:
+    for variant in FILES:
         assert summary[variant]["throughput_ips"] > 0 and summary[variant]["load_ms"] > 0
         assert set(summary[variant]["peak_rss_mb"]) == {"bs1", "bs8"}
         config = summary[variant]["throughput_config"]
@@ -98,7 +107,7 @@ def test_first_repro_runs_every_stage_and_writes_the_contract(project):
     assert qat["steps"] > 0 and qat["ops"]["DequantizeLinear"] > 0
     assert summary["qat"]["size_ratio"] < 0.5 and summary["qat"]["accuracy"] > 0.8
     # OpenVINO runs every variant's file; it agrees with ONNX Runtime (bench.runtimes default).
-    for variant in VARIANTS:
+    for variant in ROWS:
         ov = summary[variant]["runtimes"]["openvino"]
         assert "failed" not in ov, ov
         assert ov["parity"]["agreement"] >= 0.995 and ov["latency_p50_ms"]["bs8"] > 0
@@ -112,7 +121,28 @@ def test_first_repro_runs_every_stage_and_writes_the_contract(project):
     assert "- **static**: at bs1 " in report_md and " at bs8 " in report_md
     latency = json.loads((repo / "metrics/plots/latency.json").read_text())
     assert [row["batch_size"] for row in latency] == [1, 8]
-    assert all(row[v] > 0 for row in latency for v in (*VARIANTS, "torch"))
+    assert all(row[v] > 0 for row in latency for v in (*ROWS, "torch"))
+    # The bf16 row: fp32.onnx computed in BF16 by OpenVINO, no file of its own; or its skip.
+    first = report_md.split("\n")[2]
+    assert first.startswith("**INT8 against BF16 on this machine** (")
+    if NATIVE_BF16:
+        bf16 = summary["bf16"]
+        assert bf16["runtime"] == "openvino" and bf16["inference_precision"] == "bf16"
+        assert bf16["agreement"] >= 0.99 and bf16["size_ratio"] == 1.0
+        assert set(bf16["runtimes"]) == {"openvino"} and "peak_rss_mb" not in bf16
+        assert {k["precision"] for k in bf16["kernels"]["openvino"]} == {"bf16"}
+        for variant in ("dynamic", "static", "qat"):
+            row = summary[variant]["best"]["latency"]["bs8"]
+            assert summary[variant]["speedup_vs_bf16"]["bs8"] == pytest.approx(
+                row["bf16"]["p50_ms"] / row["p50_ms"], abs=1e-3)
+        assert "pay over BF16" in first and "INT8" in report_md.split("**Kernels**: ")[1]
+        concurrent = json.loads((repo / "metrics/eval/bf16.json").read_text())["edge_checks"]
+        assert all(c["ok"] for c in concurrent.values()), concurrent
+    else:
+        assert summary["skipped"]["bf16"].startswith("this CPU has no native BF16")
+        assert "not measured, this CPU has no native BF16" in first
+    for name in ("onnxruntime", "openvino"):  # every engine names what ran the INT8 file
+        assert {k["layer"] for k in summary["static"]["kernels"][name]}
 
 
 def test_second_repro_runs_nothing(project):
@@ -161,7 +191,7 @@ SCHEMA_READERS = {
     "runtime": {"export", "simplify", "quantize_static", "quantize_qat", *EVALUATE, *BENCH,
                 "bench_torch"},
     "evaluate": EVALUATE,
-    "bench": {*BENCH, "bench_torch"},
+    "bench": {*BENCH, "bench_torch", *EVALUATE},  # evaluate: bench.runtimes, bf16's engine
     "gates": {"report"},
     "detect": {"train", "export", "quantize_static", "quantize_qat", *EVALUATE, *BENCH,
                "bench_torch"},
@@ -262,8 +292,6 @@ def test_a_failed_variant_is_reported_then_fails_the_gates(project):
 def test_another_machine_re_measures_what_depends_on_it(project):
     """Metrics committed on another machine: `dvc repro` here re-runs evaluate, bench,
     bench_torch and report (not train or quantize), and then the report names this machine."""
-    from quantpipe import machine
-
     repo, _ = project
     assert reproduce(repo) == {PROBE}
     here = json.loads((repo / "metrics/machine.json").read_text())
@@ -288,3 +316,48 @@ def test_another_machine_re_measures_what_depends_on_it(project):
     report_md = (repo / "metrics/report.md").read_text()
     assert f"Measured on {machine.describe(here)}." in report_md and "Another CPU" not in report_md
     assert reproduce(repo) == {PROBE}  # and back to a no-op
+
+
+def test_the_bf16_row_with_and_without_native_bf16(project, tmp_path):
+    """Both paths on every machine: evaluate@bf16 and bench@bf16 run on machine records whose
+    BF16 flags are forced off, then on (on a CPU without native BF16, OpenVINO then keeps f32
+    whatever the hint, and says so), and the report's first line follows."""
+    repo, _ = project
+    here = json.loads((repo / "metrics/machine.json").read_text())
+    metrics = tmp_path / "metrics"
+    shutil.copytree(repo / "metrics", metrics)
+    for native in (False, True):
+        flags = {**here["cpu_flags"], "avx512_bf16": native, "amx_bf16": native}
+        (tmp_path / "machine.json").write_text(json.dumps({**here, "cpu_flags": flags}))
+        common = ["--fp32", "models/fp32.onnx", "--data", "data/prepared",
+                  "--machine", str(tmp_path / "machine.json")]
+        for stage, outs in (("evaluate", ["--metrics", metrics / "eval/bf16.json",
+                                          "--confusion", tmp_path / "confusion.json",
+                                          "--detections", tmp_path / "detections.json"]),
+                            ("bench", ["--metrics", metrics / "bench/bf16.json"])):
+            subprocess.run(["python", "-m", f"stages.{stage}", "bf16", "--model", "models/fp32.onnx",
+                            *common, *map(str, outs)], cwd=repo, check=True, capture_output=True)
+        evaluation = json.loads((metrics / "eval/bf16.json").read_text())
+        timed = json.loads((metrics / "bench/bf16.json").read_text())
+        # The report of the same metrics, as if every bench had been measured on that machine.
+        for name in ("fp32", "dynamic", "static", "qat"):
+            path = metrics / f"bench/{name}.json"
+            path.write_text(json.dumps({**json.loads(path.read_text()),
+                                        "machine": {**here, "cpu_flags": flags}}))
+        run = subprocess.run(["python", "-m", "stages.report", "--metrics", str(metrics)],
+                             cwd=repo, capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        first = (metrics / "report.md").read_text().split("\n")[2]
+        if not native:
+            why = machine.native_bf16({"cpu_flags": flags})
+            assert evaluation["skipped"] == timed["skipped"] == why
+            assert first.endswith(f"not measured, {why}; INT8 is weighed against FP32 only.")
+            continue
+        assert evaluation["runtime"] == "openvino" and evaluation["agreement"] >= 0.99
+        assert evaluation["inference_precision"] == ("bf16" if NATIVE_BF16 else "f32")
+        assert all(c["ok"] for c in evaluation["edge_checks"].values())
+        assert timed["runtime"] == "openvino"
+        assert timed["unsupported"] == {"onnxruntime": ort_runtime.NO_BF16}
+        assert set(timed["latency"]) == {f"threads{here['cores']}", "threads1"}
+        assert "memory" not in timed and "kernel_profile" not in timed
+        assert "BF16 (the FP32 file on OpenVINO, no calibration) runs x" in first

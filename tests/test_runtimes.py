@@ -10,11 +10,13 @@ from helpers import TwoConvNet, export_to, info_for, structured_images, trained_
 from onnxruntime import GraphOptimizationLevel
 from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
-from quantpipe import bench, concurrency, data
+from quantpipe import bench, concurrency, data, machine
 from quantpipe.bench import Latency, StreamConfig
 from quantpipe.schemas.bench import BenchParams
 from quantpipe.engines.ort_static import CalibrationReader
 from quantpipe.runtimes import base, registry, timing
+from quantpipe.runtimes import ort as ort_runtime
+from quantpipe.runtimes import ov as ov_runtime
 
 LEVEL = GraphOptimizationLevel.ORT_ENABLE_ALL
 TINY = BenchParams(batch_sizes=(1, 8), threads=(2, 1), warmup=1, runs=4, rounds=2)
@@ -116,6 +118,9 @@ class Corrupted:
     def settings(self, path, cores):
         return self.engine.settings(path, cores)
 
+    def kernels(self, path, batch, threads, cpu_flags):
+        return self.engine.kernels(path, batch, threads, cpu_flags)
+
     def _wrap(self, path, run):
         return (lambda b: run(b)[:, ::-1]) if path == self.corrupt_path else run
 
@@ -126,11 +131,18 @@ class Corrupted:
         return [self._wrap(path, run) for run in self.engine.pool(path, streams, threads)]
 
 
-def _time(engines, paths, variant, x, y):
-    models = {variant: paths[variant], "fp32": paths["fp32"]}
-    checks = {m: base.check(engines, registry.REFERENCE, p, x, y, threads=2, batch_size=8, min_agreement=0.995)
+def _time(engines, paths, variant, x, y, bf16_engines=None):
+    """time_engines as the bench stage calls it; with bf16_engines, the FP32 file in BF16 is
+    timed too (the bf16 row itself for variant "bf16", else the baseline INT8 is weighed against)."""
+    models = {variant: paths["fp32" if variant == "bf16" else variant], "fp32": paths["fp32"]}
+    if bf16_engines and variant not in ("fp32", "bf16"):
+        models["bf16"] = paths["fp32"]
+    by_model = {m: bf16_engines if m == "bf16" else engines for m in models}
+    checks = {m: base.check(by_model[m], engines[registry.REFERENCE], p, x, y, threads=2,
+                            batch_size=8, min_agreement=0.995)
               for m, p in models.items()}
-    return checks, timing.time_engines(engines, registry.REFERENCE, models, checks, variant, x, (2, 1), 2, TINY)
+    return checks, timing.time_engines(by_model, registry.REFERENCE, models, checks, variant, x,
+                                       (2, 1), 2, TINY)
 
 
 def _engines_used(best: dict) -> set[str]:
@@ -217,3 +229,108 @@ def test_best_configuration_picks_the_fastest_trusted_engine_and_setting():
     fp32 = bench.best_configuration(grid, ips, "fp32", ["a", "b"], "fp32", ["a", "b"])
     assert fp32["latency"]["bs1"] == {"runtime": "b", "threads": 1, "p50_ms": 0.09}
     assert "speedup" not in fp32["throughput"] and fp32["throughput"]["ips"] == 60.0
+
+
+# --- BF16: the FP32 file computed in BF16 (the bf16 row) -------------------------------------
+
+NATIVE_BF16 = machine.native_bf16(machine.probe()) is None
+
+
+def test_only_engines_with_a_bf16_mode_run_the_bf16_row():
+    bf16 = registry.select(registry.RUNTIMES.names(), level=LEVEL, precision="bf16")
+    assert list(bf16) == ["openvino"] and bf16["openvino"].precision == "bf16"
+    assert bf16["openvino"].hint == {"INFERENCE_PRECISION_HINT": "bf16"}
+    lacking = registry.unsupported(registry.RUNTIMES.names(), "bf16")
+    assert lacking == {"onnxruntime": ort_runtime.NO_BF16}
+    assert registry.unsupported(registry.RUNTIMES.names(), "fp32") == {}
+    # And ONNX Runtime truly cannot: a graph in BF16 types has no CPU kernel to load with.
+    import onnx
+    from onnx import TensorProto, helper
+    graph = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["c"])], "g",
+                              [helper.make_tensor_value_info(n, TensorProto.BFLOAT16, [2, 2])
+                               for n in ("a", "b")],
+                              [helper.make_tensor_value_info("c", TensorProto.BFLOAT16, [2, 2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    import onnxruntime
+    with pytest.raises(Exception, match="(?i)not implemented|could not find an implementation"):
+        onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert onnx.checker.check_model(model) is None
+
+
+def test_the_bf16_row_is_skipped_without_native_bf16_and_measured_with_it():
+    """Both paths on every machine, by forcing the flags of the machine record."""
+    wanted = registry.RUNTIMES.names()
+    flags = {f: f in ("avx2", "avx512f", "avx512_vnni") for f in machine.CPU_FLAGS}
+    epyc_zen3 = {"cpu": "x", "cores": 2, "cpu_flags": flags}
+    assert registry.bf16_skip(epyc_zen3, wanted).startswith("this CPU has no native BF16")
+    for flag in ("avx512_bf16", "amx_bf16"):
+        assert registry.bf16_skip({**epyc_zen3, "cpu_flags": {**flags, flag: True}}, wanted) is None
+    # With native BF16 but no engine that computes in it, the row says so.
+    with_bf16 = {**epyc_zen3, "cpu_flags": {**flags, "avx512_bf16": True}}
+    assert registry.bf16_skip(with_bf16, ["onnxruntime"]) == (
+        f"no engine of bench.runtimes computes in BF16 (onnxruntime: {ort_runtime.NO_BF16})")
+
+
+def test_bf16_on_openvino_agrees_with_fp32_and_is_timed_beside_int8(models, engines):
+    paths, x, y = models
+    bf16 = registry.select(registry.RUNTIMES.names(), level=LEVEL, precision="bf16")
+    ov = bf16["openvino"]
+    settings = ov.settings(paths["fp32"], cores=2)
+    # The plugin keeps f32 on a CPU without native BF16, whatever the hint: what ran is recorded.
+    assert settings["inference_precision"] == ("bf16" if NATIVE_BF16 else "f32")
+    result = base.parity(engines["onnxruntime"].runner(paths["fp32"], 2), ov.runner(paths["fp32"], 2),
+                         x, y, batch_size=8, min_agreement=0.99)
+    assert result.passed and result.agreement >= 0.99
+    if NATIVE_BF16:  # 8 bits of mantissa: logits differ, though not the predictions
+        assert 1e-4 < result.max_abs_diff < 1.0
+    # The bf16 row: its keys are OpenVINO's, against FP32 on ONNX Runtime in the same rounds.
+    checks, row = _time(engines, paths, "bf16", x, y, bf16_engines=bf16)
+    assert row["runtime"] == "openvino" and set(row["runtimes"]) == {"openvino"}
+    assert "reference" not in row["runtimes"]["openvino"]
+    assert row["runtimes"]["openvino"]["parity"]["passed"]
+    assert row["latency"]["threads2"]["bs8"]["speedup"] > 0
+    assert {r["runtime"] for r in row["best"]["latency"].values()} == {"openvino"}
+    # static: its best against the best FP32 and the best BF16, in the same rounds.
+    _, static = _time(engines, paths, "static", x, y, bf16_engines=bf16)
+    for bs, r in static["best"]["latency"].items():
+        assert r["bf16"]["runtime"] == "openvino"
+        assert r["speedup_vs_bf16"] == pytest.approx(r["bf16"]["p50_ms"] / r["p50_ms"], abs=1e-3)
+    top = static["best"]["throughput"]
+    assert top["speedup_vs_bf16"] == pytest.approx(top["ips"] / top["bf16"]["ips"], abs=1e-3)
+    assert static["runtimes"]["onnxruntime"]["reference"] is True
+
+
+def test_each_engine_names_the_kernels_it_ran(models, engines):
+    paths, x, _ = models
+    here = machine.probe()["cpu_flags"]
+    batch = bench.batch_of(x, 8)
+    ort_kernels = engines["onnxruntime"].kernels(paths["static"], batch, 1, here)
+    layers = {k["layer"]: k for k in ort_kernels}
+    # quantpipe's scheme (S8 symmetric weights): MLAS's symmetric conv, a VNNI kernel at best.
+    assert layers["QLinearConv"]["kernel"] == "MLAS symmetric conv"
+    assert layers["QLinearConv"]["isa"] == ort_runtime._vnni(here)
+    assert layers["QGemm"]["isa"] == ort_runtime.int8_gemm_isa(here)
+    # The same node on another CPU: the ISA follows the flags (forced both ways).
+    amx = {**here, "amx_int8": True, "avx512_vnni": True}
+    no_vnni = {f: f == "avx2" for f in machine.CPU_FLAGS}
+    assert {k["layer"]: k["isa"] for k in engines["onnxruntime"].kernels(paths["static"], batch, 1, amx)} == \
+        {"QLinearConv": "AVX-512 VNNI", "QGemm": "AMX-INT8"}
+    assert {k["layer"]: k["isa"] for k in engines["onnxruntime"].kernels(paths["static"], batch, 1, no_vnni)} == \
+        {"QLinearConv": "AVX2", "QGemm": "AVX2"}
+    ov_kernels = engines["openvino"].kernels(paths["static"], batch, 1, here)
+    assert {k["layer"] for k in ov_kernels} >= {"Convolution"}
+    assert all(k["precision"] in ("u8", "i8") for k in ov_kernels if k["layer"] == "Convolution")
+    if here.get("amx_int8"):
+        assert {k["isa"] for k in ov_kernels if k["layer"] == "Convolution"} == {"AMX-INT8"}
+    fp32 = engines["openvino"].kernels(paths["fp32"], batch, 1, here)
+    assert all(k["precision"] == "f32" for k in fp32)  # pinned: FP32 is never silently BF16
+    bf16 = registry.select(["onnxruntime", "openvino"], level=LEVEL, precision="bf16")["openvino"]
+    in_bf16 = bf16.kernels(paths["fp32"], batch, 1, here)
+    if NATIVE_BF16:
+        assert {k["precision"] for k in in_bf16 if k["layer"] == "Convolution"} == {"bf16"}
+    if here.get("amx_bf16"):
+        assert {k["isa"] for k in in_bf16 if k["layer"] == "Convolution"} == {"AMX-BF16"}
+    assert ov_runtime.isa("brgconv_avx512_core_vnni", "u8") == "AVX-512 VNNI"
+    assert ov_runtime.isa("jit_avx2_I8", "u8") == "AVX2"
+    assert ov_runtime.isa("brgemm_avx512_amx_bf16", "bf16") == "AMX-BF16"
+    assert ov_runtime.isa("brgconv_avx512_core_bf16", "bf16") == "AVX-512 BF16"

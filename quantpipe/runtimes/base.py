@@ -29,11 +29,20 @@ class RuntimeUnavailable(UserError):
 
 class Runtime(Protocol):
     """An engine. Constructed as Engine(level) (level: ONNX Runtime's graph optimization level,
-    runtime.graph_optimization_level; an engine that optimizes its own way ignores it)."""
+    runtime.graph_optimization_level; an engine that optimizes its own way ignores it), or
+    Engine(level, precision="bf16") when "bf16" is in its `precisions`: the FP32 file computed
+    in BF16 (the bf16 row). An engine without `precisions` runs FP32 only; `lacks` says why
+    not the others ({"bf16": "..."})."""
     name: str   # its key in bench.runtimes and in the metrics
     title: str  # how reports spell it
 
     def version(self) -> str: ...
+
+    def kernels(self, path, batch, threads: int, cpu_flags: dict) -> list[dict]:
+        """The kernels the engine runs model `path`'s compute layers with on `batch` (a latency
+        runner of `threads` threads): one {"layer", "kernel", "precision", "isa", "count"} per
+        distinct kernel ("isa": the instruction set it runs on, e.g. AMX-INT8, AVX-512 VNNI).
+        Optional: the bench records none for an engine without it."""
 
     def settings(self, path, cores: int) -> dict:
         """The engine options the runners of model `path` are made with on `cores` cores,
@@ -119,16 +128,18 @@ class Check:
     runs: bool             # False: it cannot run the model at all, so it is not timed
 
 
-def check(engines: dict[str, Runtime], reference: str, path, x: np.ndarray,
+def check(engines: dict[str, Runtime], reference: Runtime, path, x: np.ndarray,
           y: np.ndarray | None, *, threads: int, batch_size: int,
           min_agreement: float, agree: Agree = top1_agreement) -> dict[str, Check]:
-    """Every engine on model `path`, each against engines[reference] on x (N, C, S, S): one line
+    """Every engine on model `path`, each against the reference engine on the same file (FP32
+    ONNX Runtime for the bf16 row: `engines` are then the BF16 ones) on x (N, C, S, S): one line
     naming the model and the reason for an engine that cannot run it or disagrees."""
-    ref_title = engines[reference].title
-    ref_runner = engines[reference].runner(path, threads)  # its errors stop the stage
-    checks = {reference: Check(parity=None, failed=None, runs=True)}
+    ref_title = reference.title
+    ref_runner = reference.runner(path, threads)  # its errors stop the stage
+    checks = {}
     for name, engine in engines.items():
-        if name == reference:
+        if engine is reference:
+            checks[name] = Check(parity=None, failed=None, runs=True)
             continue
         try:
             result = parity(ref_runner, engine.runner(path, threads), x, y,
@@ -141,3 +152,9 @@ def check(engines: dict[str, Runtime], reference: str, path, x: np.ndarray,
         why = result.failure(ref_title)
         checks[name] = Check(parity=result, failed=why and f"{path} on {engine.title}: {why}", runs=True)
     return checks
+
+
+def describe_kernels(kernels: list[dict]) -> str:
+    """'Convolution: brgconv_avx512_amx_I8 (AMX-INT8) x2; ...' for the console."""
+    return "; ".join(f"{k['layer']}: {k['kernel']} ({k['isa']}) x{k['count']}"
+                     for k in kernels) or "none recorded"

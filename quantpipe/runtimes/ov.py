@@ -1,25 +1,35 @@
 """OpenVINO's CPU plugin on the same ONNX files (its ONNX frontend reads QDQ INT8 models and
-runs them on its own INT8 kernels)."""
+runs them on its own INT8 kernels), in FP32 or, from the same FP32 file, in BF16."""
 
 from __future__ import annotations
+
+from collections import Counter
 
 import openvino as ov
 
 from quantpipe.runtimes.base import Runner, RuntimeUnavailable
 
-# OpenVINO runs an FP32 model in bf16 on CPUs that have bf16 (this EPYC's AVX-512 BF16 does) unless
-# told otherwise: faster, but a different, lossier model than the FP32 baseline it is compared to.
-PRECISION = {"INFERENCE_PRECISION_HINT": "f32"}
+# quantpipe's precision -> OpenVINO's inference precision. OpenVINO runs an FP32 model in BF16
+# on CPUs with native BF16 (AMX-BF16, AVX-512 BF16) unless told otherwise: faster, but a
+# different, lossier model than the FP32 baseline, so fp32 pins f32 and bf16 is its own row.
+INFERENCE_PRECISION = {"fp32": "f32", "bf16": "bf16"}
+# Layers whose executed kernel decides the speed: OpenVINO's executed graph names the kernel of
+# each (primitiveType, e.g. brgconv_avx512_amx_I8, brgemm_avx512_amx, jit_avx512_core_vnni).
+COMPUTE_LAYERS = ("Convolution", "GroupConvolution", "Deconvolution", "FullyConnected", "MatMul",
+                  "Gemm", "RNNSeq", "ScaledDotProductAttention")
 
 
 class OpenVino:
     name = "openvino"
     title = "OpenVINO"
+    precisions = tuple(INFERENCE_PRECISION)
 
-    def __init__(self, level=None) -> None:
+    def __init__(self, level=None, precision: str = "fp32") -> None:
         # level (ONNX Runtime's graph optimization level) does not apply: OpenVINO compiles
         # the graph its own way.
         self.core = ov.Core()
+        self.precision = precision
+        self.hint = {"INFERENCE_PRECISION_HINT": INFERENCE_PRECISION[precision]}
 
     def version(self) -> str:
         return ov.get_version()
@@ -27,20 +37,37 @@ class OpenVino:
     def settings(self, path, cores: int) -> dict:
         # What the THROUGHPUT hint picks by itself: the bench times every stream count anyway.
         hinted = self._compile(path, {"PERFORMANCE_HINT": "THROUGHPUT",
-                                      "INFERENCE_NUM_THREADS": cores, **PRECISION})
+                                      "INFERENCE_NUM_THREADS": cores, **self.hint})
         return {"device": "CPU", "latency": self._latency_config("<threads>"),
                 "throughput": self._throughput_config("<streams>", "<streams x threads>"),
-                "throughput_hint_streams": int(hinted.get_property("NUM_STREAMS"))}
+                "throughput_hint_streams": int(hinted.get_property("NUM_STREAMS")),
+                # What the plugin runs: on a CPU without native BF16 it keeps f32 whatever the hint.
+                "inference_precision": hinted.get_property("INFERENCE_PRECISION_HINT").get_type_name()}
 
-    @staticmethod
-    def _latency_config(threads) -> dict:
-        return {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads, **PRECISION}
+    def kernels(self, path, batch, threads: int, cpu_flags: dict) -> list[dict]:
+        """The kernels OpenVINO executes for model `path`'s compute layers on `batch` in the
+        latency configuration (base.Runtime.kernels). Read after a run: a layer with a dynamic
+        batch picks its kernel at the first run's shape."""
+        request = self._compile(path, self._latency_config(threads)).create_infer_request()
+        request.infer({0: batch})
+        found: Counter = Counter()
+        for op in request.get_compiled_model().get_runtime_model().get_ordered_ops():
+            info = op.get_rt_info()
+            layer = info["layerType"].astype(str)
+            if layer in COMPUTE_LAYERS:
+                found[(layer, info["primitiveType"].astype(str),
+                       info["runtimePrecision"].astype(str))] += 1
+        return [{"layer": layer, "kernel": kernel, "precision": precision,
+                 "isa": isa(kernel, precision), "count": count}
+                for (layer, kernel, precision), count in sorted(found.items())]
 
-    @staticmethod
-    def _throughput_config(streams, threads) -> dict:
+    def _latency_config(self, threads) -> dict:
+        return {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads, **self.hint}
+
+    def _throughput_config(self, streams, threads) -> dict:
         # INFERENCE_NUM_THREADS is the total over all streams in OpenVINO.
         return {"PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": streams,
-                "INFERENCE_NUM_THREADS": threads, **PRECISION}
+                "INFERENCE_NUM_THREADS": threads, **self.hint}
 
     def runner(self, path, threads: int) -> Runner:
         return _request_runner(self._compile(path, self._latency_config(threads)), path)
@@ -69,6 +96,22 @@ def _request_runner(compiled: ov.CompiledModel, path) -> Runner:
         except RuntimeError as e:
             raise RuntimeUnavailable(f"{path}: OpenVINO failed to run it ({reason(str(e))})") from None
     return run
+
+
+def isa(kernel: str, precision: str) -> str:
+    """The instruction set an OpenVINO (oneDNN) kernel name says it uses:
+    brgconv_avx512_amx_I8 -> AMX-INT8, brgemm_avx512_amx_bf16 -> AMX-BF16, ..._vnni -> VNNI."""
+    name = kernel.lower()
+    if "amx" in name:
+        return "AMX-BF16" if precision == "bf16" else "AMX-INT8" if precision in ("u8", "i8") else "AMX"
+    if "vnni" in name:
+        return "AVX-512 VNNI" if "avx512" in name else "AVX-VNNI"
+    for tag, title in (("avx512", "AVX-512"), ("avx2", "AVX2"), ("sse41", "SSE4.1")):
+        if tag in name:
+            return f"{title} BF16" if precision == "bf16" else title
+    if "mlas" in name:  # OpenVINO's FullyConnected may call ONNX Runtime's MLAS SGEMM
+        return "MLAS"
+    return "oneDNN reference (no SIMD)" if name.startswith("ref") else kernel
 
 
 def reason(message: str) -> str:

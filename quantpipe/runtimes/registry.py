@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from onnxruntime import GraphOptimizationLevel
 
 from quantpipe.errors import UserError
+from quantpipe.machine import native_bf16
 from quantpipe.registry import Registry
 from quantpipe.runtimes.base import Runtime
 from quantpipe.runtimes.ort import OnnxRuntime
@@ -19,11 +20,37 @@ REFERENCE = OnnxRuntime.name
 RUNTIMES = Registry("bench.runtimes", [OnnxRuntime, OpenVino])
 
 
-def select(wanted: Sequence[str], *, level: GraphOptimizationLevel) -> dict[str, Runtime]:
-    """The engines bench.runtimes names, built; one line naming the key for an unknown name or
-    a list without the reference."""
+def select(wanted: Sequence[str], *, level: GraphOptimizationLevel,
+           precision: str = "fp32") -> dict[str, Runtime]:
+    """The engines bench.runtimes names that run `precision` ("fp32": every one; "bf16": the
+    FP32 file in BF16, where the engine has such a mode), built; one line naming the key for an
+    unknown name or a list without the reference."""
     classes = {name: RUNTIMES.get(name) for name in wanted}
     if REFERENCE not in wanted:
         raise UserError(f"bench.runtimes = {list(wanted)} must include {REFERENCE} (the reference "
                         "every other engine is checked against)")
-    return {name: cls(level) for name, cls in classes.items()}
+    if precision == "fp32":
+        return {name: cls(level) for name, cls in classes.items()}
+    return {name: cls(level, precision=precision) for name, cls in classes.items()
+            if precision in getattr(cls, "precisions", ("fp32",))}
+
+
+def unsupported(wanted: Sequence[str], precision: str) -> dict[str, str]:
+    """The engines of bench.runtimes that cannot run `precision`, each with why."""
+    out = {}
+    for name in wanted:
+        cls = RUNTIMES.get(name)
+        if precision not in getattr(cls, "precisions", ("fp32",)):
+            out[name] = getattr(cls, "lacks", {}).get(precision) or f"{cls.title} has no {precision} mode"
+    return out
+
+
+def bf16_skip(machine: dict, wanted: Sequence[str]) -> str | None:
+    """Why the bf16 row is not measured on this machine, or None: a CPU without native BF16
+    (metrics/machine.json's flags), or no engine of bench.runtimes that computes in BF16."""
+    why = native_bf16(machine)
+    lacking = unsupported(wanted, "bf16")
+    if why or len(lacking) < len(wanted):
+        return why
+    return "no engine of bench.runtimes computes in BF16 (" + "; ".join(
+        f"{name}: {reason}" for name, reason in lacking.items()) + ")"

@@ -11,28 +11,30 @@ from quantpipe.runtimes.base import Check, Runtime
 from quantpipe.schemas.bench import BenchParams
 
 
-def time_engines(engines: dict[str, Runtime], reference: str, models: dict[str, Path],
+def time_engines(engines: dict[str, dict[str, Runtime]], reference: str, models: dict[str, Path],
                  checks: dict[str, dict[str, Check]], variant: str, x: np.ndarray,
                  threads: tuple[int, ...], cores: int, p: BenchParams) -> dict:
-    """Latency and throughput of models[variant] and models["fp32"] on every engine that can
-    run them (checks: base.check per model), all in the same interleaved rounds; `reference`
-    names the engine the others are measured against.
+    """Latency and throughput of models[variant] and models["fp32"] (and models["bf16"], the
+    FP32 file in BF16, when given) on every engine that can run them (engines[model]: the
+    engines of that model's precision; checks: base.check per model), all in the same
+    interleaved rounds; `reference` names the engine the others are measured against.
 
-    Returns "latency" and "throughput" of the reference engine (rows_against and
-    throughput_against FP32 on it: the keys every earlier bench had), "runtimes": per engine
-    its version and settings and, for the others, parity, why it failed, and its rows against
-    FP32 on the reference engine (and the FP32 model's own on it under "baseline"), and
-    "best": the fastest trusted engine and configuration against the best trusted FP32 one
-    (best_configuration).
+    Returns "latency" and "throughput" of the variant on `runtime` (the reference engine, or
+    for the bf16 row the first trusted engine that runs BF16) with rows_against and
+    throughput_against FP32 on the reference engine (the keys every earlier bench had),
+    "runtimes": per engine its version and settings and, for the others, parity, why it
+    failed, and its rows against FP32 on the reference engine (and the FP32 model's own on it
+    under "baseline"), and "best": the fastest trusted engine and configuration against the
+    best trusted FP32 one (best_configuration), and against the best BF16 one when timed.
     """
     # An engine that failed parity is still timed (its rows are shown, marked failed).
     timed = [(model, name) for model, by_engine in checks.items()
              for name, c in by_engine.items() if c.runs]
     grid = bench.latency_grid(
-        lambda count: {(m, e): engines[e].runner(models[m], count) for m, e in timed},
+        lambda count: {(m, e): engines[m][e].runner(models[m], count) for m, e in timed},
         x, threads, p, desc=f"bench {variant} latency")
     ips = bench.throughput_grid(
-        lambda config: {(m, e): engines[e].pool(models[m], config.streams, config.threads)
+        lambda config: {(m, e): engines[m][e].pool(models[m], config.streams, config.threads)
                         for m, e in timed},
         x, cores, p, desc=f"bench {variant} throughput")
     largest, fp32 = max(p.batch_sizes), ("fp32", reference)
@@ -48,23 +50,31 @@ def time_engines(engines: dict[str, Runtime], reference: str, models: dict[str, 
         return out
 
     records = {}
-    for name, engine in engines.items():
+    for name, engine in engines[variant].items():
         entry = {"title": engine.title, "version": engine.version()}
-        if name == reference:
+        if name == reference and checks[variant][name].parity is None:
             entry["reference"] = True
         else:
             entry.update(record(variant, name))
-            if variant != "fp32":
+            if variant != "fp32" and name in checks["fp32"]:
                 entry["baseline"] = record("fp32", name)
         if checks[variant][name].runs:
             entry["settings"] = engine.settings(models[variant], cores)
         records[name] = entry
     trusted = {model: [name for name, c in by_engine.items() if not c.failed]
                for model, by_engine in checks.items()}
-    return {"latency": bench.rows_against(grid, (variant, reference), fp32),
-            "throughput": bench.throughput_against(ips, (variant, reference), fp32, largest, cores),
-            "runtimes": records,
-            "best": bench.best_configuration(grid, ips, variant, trusted[variant], "fp32", trusted["fp32"])}
+    # The engine of the row's keys: the reference, or for the bf16 row the first trusted BF16
+    # engine; when none is trusted, the first that ran (the row is then marked failed).
+    ran = [name for name, c in checks[variant].items() if c.runs]
+    lead = reference if reference in trusted[variant] else (trusted[variant] or ran)[0]
+    best = bench.best_configuration(grid, ips, variant, trusted[variant] or ran, "fp32",
+                                    trusted["fp32"])
+    if "bf16" in models and variant not in ("fp32", "bf16") and trusted["bf16"]:
+        bench.add_versus(best, grid, ips, "bf16", trusted["bf16"])
+    return {"runtime": lead,
+            "latency": bench.rows_against(grid, (variant, lead), fp32),
+            "throughput": bench.throughput_against(ips, (variant, lead), fp32, largest, cores),
+            "runtimes": records, "best": best}
 
 
 def describe_timings(timings: dict) -> list[str]:
@@ -80,7 +90,9 @@ def describe_timings(timings: dict) -> list[str]:
     extra = f", x{throughput['speedup']:.2f} vs fp32's best" if "speedup" in throughput else ""
     lines.append(f"throughput at bs{throughput['batch_size']}: {top['ips']:.0f} img/s with "
                  f"{top['streams']} stream(s) x {top['threads']} thread(s){extra}")
-    reference = next(name for name, entry in timings["runtimes"].items() if entry.get("reference"))
+    # What the others were checked against: the reference engine (FP32 on it, for the bf16 row).
+    reference = next((name for name, entry in timings["runtimes"].items() if entry.get("reference")),
+                     "FP32 on the reference engine")
     for name, entry in timings["runtimes"].items():
         if "parity" in entry:
             par = entry["parity"]

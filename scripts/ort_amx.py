@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""ONNX Runtime on an AMX CPU: why its INT8 gains stay near its VNNI figures while OpenVINO's
+reach several times more on the same files. The numbers behind docs/precision.md.
+
+For torchvision models at real sizes (random weights: speed only, nothing is downloaded) this
+exports FP32 ONNX and quantizes it with ONNX Runtime's static QDQ three ways: quantpipe's scheme
+(U8 activations, S8 symmetric per-channel weights), S8 weights with zero points
+(WeightSymmetric false) and U8 weights; then times, in the same interleaved rounds (quantpipe's
+bench), FP32 / each INT8 file on ONNX Runtime, FP32 / BF16 / quantpipe's INT8 file on OpenVINO,
+at every thread count, and records the kernel each engine ran (quantpipe.runtimes' kernels()).
+
+    python scripts/ort_amx.py                   # -> metrics/ort_amx.json + table
+    python scripts/ort_amx.py --models resnet18:64:32 -o /tmp/ort_amx.json
+
+About 10 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+import torchvision
+from onnxruntime import GraphOptimizationLevel
+from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                      quantize_static)
+
+from quantpipe import bench, machine
+from quantpipe.docs import ort_amx_table
+from quantpipe.io import write_json
+from quantpipe.runtimes.ort import OnnxRuntime
+from quantpipe.runtimes.ov import OpenVino
+from quantpipe.schemas.bench import BenchParams
+
+ROOT = Path(__file__).resolve().parents[1]
+# name:image size:batch, as in the issue that asked (ResNet-18 small, the others at ImageNet size).
+MODELS = ("resnet18:64:32", "mobilenet_v2:224:8", "resnet50:224:8")
+# ONNX Runtime's static QDQ three ways: quantpipe's scheme first.
+SCHEMES = {"s8_symmetric": {"weight_type": QuantType.QInt8, "extra_options": {}},
+           "s8_zero_points": {"weight_type": QuantType.QInt8,
+                              "extra_options": {"WeightSymmetric": False}},
+           "u8_weights": {"weight_type": QuantType.QUInt8, "extra_options": {}}}
+TIMING = BenchParams(batch_sizes=(1,), threads=("all", 1), warmup=3, runs=42, rounds=7,
+                     max_seconds=20.0)
+
+
+class Random(CalibrationDataReader):
+    """Calibration batches of normal noise: speed only, the ranges do not matter here."""
+
+    def __init__(self, shape: tuple[int, ...], batches: int = 4) -> None:
+        rng = np.random.default_rng(0)
+        self.batches = iter([{"input": rng.standard_normal(shape, dtype=np.float32)}
+                             for _ in range(batches)])
+
+    def get_next(self):
+        return next(self.batches, None)
+
+
+def measure(spec: str, tmp: Path, cores: int, flags: dict) -> dict:
+    name, size, batch = spec.split(":")
+    size, batch = int(size), int(batch)
+    torch.manual_seed(0)
+    model = getattr(torchvision.models, name)(weights=None).eval()
+    fp32 = tmp / f"{name}.onnx"
+    torch.onnx.export(model, torch.zeros(1, 3, size, size), str(fp32), opset_version=17,
+                      input_names=["input"], output_names=["output"],
+                      dynamic_axes={"input": {0: "batch"}}, dynamo=False)
+    files = {"fp32": fp32}
+    for scheme, options in SCHEMES.items():
+        files[scheme] = tmp / f"{name}_{scheme}.onnx"
+        quantize_static(str(fp32), str(files[scheme]), Random((4, 3, size, size)),
+                        quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8,
+                        per_channel=True, **options)
+    ort = OnnxRuntime(GraphOptimizationLevel.ORT_ENABLE_ALL)
+    ov, ov_bf16 = OpenVino(), OpenVino(precision="bf16")
+    runs = {("onnxruntime", "fp32"): (ort, files["fp32"]),
+            **{("onnxruntime", s): (ort, files[s]) for s in SCHEMES},
+            ("openvino", "fp32"): (ov, files["fp32"]),
+            ("openvino", "s8_symmetric"): (ov, files["s8_symmetric"])}
+    if machine.native_bf16({"cpu_flags": flags}) is None:
+        runs[("openvino", "bf16")] = (ov_bf16, files["fp32"])
+    x = np.random.default_rng(1).standard_normal((batch, 3, size, size), dtype=np.float32)
+    params = BenchParams(**{**TIMING.__dict__, "batch_sizes": (batch,)})
+    threads = bench.resolve_threads(params.threads, cores)
+    grid = bench.latency_grid(lambda count: {key: engine.runner(path, count)
+                                             for key, (engine, path) in runs.items()},
+                              x, threads, params, desc=f"{name} {size}px bs{batch}")
+    fp32_ort = ("onnxruntime", "fp32")
+    rows = []
+    for (runtime, scheme), (engine, path) in runs.items():
+        row = {"runtime": runtime, "file": scheme,
+               "kernels": engine.kernels(path, x, threads[0], flags)}
+        for count in threads:
+            lat = grid[f"threads{count}"][f"bs{batch}"]
+            row[f"threads{count}"] = {"p50_ms": lat[(runtime, scheme)].p50_ms,
+                                      "speedup": round(lat[fp32_ort].p50_ms / lat[(runtime, scheme)].p50_ms, 4)}
+        rows.append(row)
+    return {"model": name, "image_size": size, "batch_size": batch, "threads": list(threads),
+            "rows": rows}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(MODELS),
+                        help="name:image size:batch,... (torchvision classifiers)")
+    parser.add_argument("-o", "--out", type=Path, default=ROOT / "metrics/ort_amx.json")
+    args = parser.parse_args()
+    here = machine.probe()
+    with tempfile.TemporaryDirectory() as tmp:
+        record = {"machine": here,
+                  "models": [measure(spec, Path(tmp), here["cores"], here["cpu_flags"])
+                             for spec in args.models.split(",")]}
+    write_json(args.out, record)
+    print(ort_amx_table(record))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
