@@ -104,7 +104,8 @@ def run_stage(repo: Path, log: Path, stage: str, variant: str | None = None) -> 
     """A stage's command from dvc.yaml, run by hand (DVC would restore the calibration set)."""
     body = yaml.safe_load((repo / "dvc.yaml").read_text())["stages"][stage]
     body = body.get("do", body)
-    argv = shlex.split(body["cmd"].replace("${item}", variant or ""))
+    # ${key}: the variant; ${item}: the model file it runs (the variants run here run their own).
+    argv = shlex.split(body["cmd"].replace("${key}", variant or "").replace("${item}", variant or ""))
     with log.open("a") as out:
         done = subprocess.run([sys.executable, *argv[1:]], cwd=repo, stdout=out,
                               stderr=subprocess.STDOUT)

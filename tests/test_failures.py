@@ -45,7 +45,10 @@ def stage_command(cwd: Path, stage: str, variant: str | None = None) -> list[str
     """The command dvc.yaml in cwd runs for `stage` (at `variant` for a foreach stage)."""
     body = yaml.safe_load((cwd / "dvc.yaml").read_text())["stages"][stage]
     body = body.get("do", body)
-    argv = shlex.split(body["cmd"].replace("${item}", variant or "${item}"))
+    variants = yaml.safe_load((cwd / "dvc.yaml").read_text())["vars"][0]["variants"]
+    # ${key}: the variant; ${item}: the model file it runs (bf16 runs fp32's).
+    cmd = body["cmd"].replace("${key}", variant or "${key}")
+    argv = shlex.split(cmd.replace("${item}", variants[variant] if variant else "${item}"))
     assert argv[0] == "python", argv
     return [sys.executable, *argv[1:]]
 
@@ -757,7 +760,8 @@ def test_no_stage_command_is_built_from_param_strings():
     for entry in pipeline.get("vars", []):
         assert isinstance(entry, dict), f"dvc.yaml vars imports {entry!r}: commands could use it"
         inline.update(entry)
-    assert inline.get("variants") == ["fp32", "dynamic", "static", "qat"]
+    assert inline.get("variants") == {"fp32": "fp32", "dynamic": "dynamic", "static": "static",
+                                      "qat": "qat", "bf16": "fp32"}
     for name, stage in pipeline["stages"].items():
         body = stage.get("do", stage)
         commands = body["cmd"] if isinstance(body["cmd"], list) else [body["cmd"]]
@@ -765,11 +769,11 @@ def test_no_stage_command_is_built_from_param_strings():
             interpolated = re.findall(r"\$\{[^}]*\}", cmd)
             if "foreach" in stage:
                 assert stage["foreach"] == "${variants}", name
-                assert set(interpolated) <= {"${item}"}, (name, cmd)
+                assert set(interpolated) <= {"${key}", "${item}"}, (name, cmd)
             else:
                 assert interpolated == [], (name, cmd)
             # python -m stages.<name> [${item}] --<path name> <path> ...: paths, never params.
-            assert re.fullmatch(r"python -m stages\.\w+( \$\{item\})?( --\w+ [\w/.${}]+)+", cmd), \
+            assert re.fullmatch(r"python -m stages\.\w+( \$\{key\})?( --\w+ [\w/.${}]+)+", cmd), \
                 (name, cmd)
 
 

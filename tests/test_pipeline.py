@@ -135,7 +135,8 @@ def test_first_repro_runs_every_stage_and_writes_the_contract(project):
             row = summary[variant]["best"]["latency"]["bs8"]
             assert summary[variant]["speedup_vs_bf16"]["bs8"] == pytest.approx(
                 row["bf16"]["p50_ms"] / row["p50_ms"], abs=1e-3)
-        assert "pay over BF16" in first and "INT8" in report_md.split("**Kernels**: ")[1]
+        assert ("INT8 pays over BF16" in first or "INT8 does not pay over BF16" in first)
+        assert "INT8" in report_md.split("**Kernels**: ")[1]
         concurrent = json.loads((repo / "metrics/eval/bf16.json").read_text())["edge_checks"]
         assert all(c["ok"] for c in concurrent.values()), concurrent
     else:
