@@ -29,7 +29,7 @@ from pathlib import Path
 import yaml
 
 from quantpipe.machine import describe
-from quantpipe.report import _table  # report.md's table layout
+from quantpipe.report import _table, score_keys  # report.md's table layout and score keys
 
 # The documents that hold generated tables.
 DOCUMENTS = ("README.md", "docs/*.md")
@@ -310,9 +310,7 @@ def precision_table(summary: dict) -> str:
     sizes = _sizes(summary)
     titles = summary["runtimes"]
     reference = next(iter(titles))
-    score, drop, unit, _ = ({"classification": ("accuracy", "accuracy_drop_pp", "pp", None),
-                             "detection": ("map_50_95", "map_drop_pts", "points", None)}
-                            [summary.get("task", "classification")])
+    score, drop, unit, _ = score_keys(summary)
     rows = []
     for label, v in PRECISIONS:
         s = summary.get(v)
