@@ -359,7 +359,7 @@ def ort_amx_table(record: dict) -> str:
     body = []
     for m in record["models"]:
         for row in m["rows"]:
-            convs = sorted({f"{k['isa']} ({k['kernel']})" for k in row["kernels"] if "Conv" in k["layer"]})
+            convs = sorted({f"{k['isa']} ({k['kernel']})" for k in row["kernels"].values() if "Conv" in k["layer"]})
             body.append([f"{m['model']} {m['image_size']} px bs{m['batch_size']}",
                          "ONNX Runtime" if row["runtime"] == "onnxruntime" else "OpenVINO",
                          AMX_FILES[row["file"]], "; ".join(convs),

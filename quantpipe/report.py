@@ -429,10 +429,11 @@ def precision_line(summary: dict, sizes: list[str]) -> str:
             f"{base}. Each side at its best engine and setting, timed in the same rounds.")
 
 
-def kernel_isas(kernels: list[dict]) -> dict[str, list[str]]:
-    """{"convolutions": [ISA, ...], "matrix multiplies": [...]} of one engine's kernels."""
+def kernel_isas(kernels: dict[str, dict]) -> dict[str, list[str]]:
+    """{"convolutions": [ISA, ...], "matrix multiplies": [...]} of one engine's kernels (as
+    bench records them: base.kernel_table)."""
     out: dict[str, list[str]] = {}
-    for k in kernels:
+    for k in kernels.values():
         kind = "convolutions" if "Conv" in k["layer"] else "matrix multiplies"
         if k["isa"] not in out.setdefault(kind, []):
             out[kind].append(k["isa"])
@@ -458,7 +459,7 @@ def _kernels_section(rows: dict[str, dict], titles: dict[str, str]) -> list[str]
     body = [[variant, titles[name], k["layer"], f"`{k['kernel']}`", k["precision"], k["isa"],
              str(k["count"])]
             for variant, s in rows.items() for name, kernels in s.get("kernels", {}).items()
-            for k in kernels]
+            for k in kernels.values()]
     if not body:
         return []
     return ["## Kernels (largest batch, latency configuration)", "",

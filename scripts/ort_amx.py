@@ -31,6 +31,7 @@ from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantT
 from quantpipe import bench, machine
 from quantpipe.docs import ort_amx_table
 from quantpipe.io import write_json
+from quantpipe.runtimes.base import kernel_table
 from quantpipe.runtimes.ort import OnnxRuntime
 from quantpipe.runtimes.ov import OpenVino
 from quantpipe.schemas.bench import BenchParams
@@ -92,7 +93,7 @@ def measure(spec: str, tmp: Path, cores: int, flags: dict) -> dict:
     rows = []
     for (runtime, scheme), (engine, path) in runs.items():
         row = {"runtime": runtime, "file": scheme,
-               "kernels": engine.kernels(path, x, threads[0], flags)}
+               "kernels": kernel_table(engine.kernels(path, x, threads[0], flags))}
         for count in threads:
             lat = grid[f"threads{count}"][f"bs{batch}"]
             row[f"threads{count}"] = {"p50_ms": lat[(runtime, scheme)].p50_ms,

@@ -21,7 +21,7 @@ from quantpipe import machine as machines
 from quantpipe.errors import UserError
 from quantpipe.io import run_stage, skipped_model, stage_args, write_json
 from quantpipe.runtimes import base, registry, timing
-from quantpipe.runtimes.base import describe_kernels
+from quantpipe.runtimes.base import describe_kernels, kernel_table
 from quantpipe.schemas.bench import BenchParams
 from quantpipe.schemas.detect import DetectParams
 from quantpipe.schemas.runtime import RuntimeParams
@@ -99,7 +99,7 @@ def main(argv: list[str]) -> None:
                            "fp32": end_to_end(reference, models["fp32"], count)},
             variant, x, threads, p, desc=f"bench {variant} end to end")
     largest = bench.batch_of(x, max(p.batch_sizes))
-    kernels = {name: engine.kernels(models[variant], largest, threads[0], machine["cpu_flags"])
+    kernels = {name: kernel_table(engine.kernels(models[variant], largest, threads[0], machine["cpu_flags"]))
                for name, engine in engines[variant].items()
                if checks[variant][name].runs and hasattr(engine, "kernels")}
     out = {"variant": variant, "graph_optimization_level": level.name, "machine": machine,
@@ -118,7 +118,7 @@ def main(argv: list[str]) -> None:
     for line in timing.describe_timings(timings):
         print(f"bench {variant}: {line}")
     for name, found in kernels.items():
-        print(f"bench {variant}: {name} kernels: {describe_kernels(found)}")
+        print(f"bench {variant}: {name} kernels: {describe_kernels(found.values())}")
     if "memory" in out:
         memory, profile = out["memory"], out["kernel_profile"]
         print(f"bench {variant}: fresh process: load {memory['load_ms']:.1f} ms, peak RSS "

@@ -15,6 +15,7 @@ from helpers import TwoConvNet, export_to, info_for, structured_images
 from quantpipe import bench, concurrency, data, machine, onnxutil, profiling, report
 from quantpipe.errors import UserError
 from quantpipe.bench import StreamConfig
+from quantpipe.runtimes.base import kernel_table
 from quantpipe.schemas.bench import BenchParams
 from quantpipe.schemas.gates import GatesParams
 
@@ -844,16 +845,16 @@ def _with_bf16(evals, benches, bf16_factor):
                 "latency": row["latency"], "throughput": row["throughput"]}
     row.update({"runtime": "openvino", "runtimes": {"openvino": openvino},
                 "unsupported": {"onnxruntime": "no BF16 here"},
-                "kernels": {"openvino": [{"layer": "Convolution", "kernel": "brgconv_avx512_amx_bf16",
-                                          "precision": "bf16", "isa": "AMX-BF16", "count": 2}]}})
+                "kernels": {"openvino": kernel_table([{"layer": "Convolution", "kernel": "brgconv_avx512_amx_bf16",
+                                                       "precision": "bf16", "isa": "AMX-BF16", "count": 2}])}})
     row["best"]["latency"] = {bs: {**r, "runtime": "openvino"} for bs, r in row["best"]["latency"].items()}
     del row["memory"]
     benches["bf16"] = row
     benches["static"]["kernels"] = {
-        "onnxruntime": [{"layer": "QLinearConv", "kernel": "MLAS symmetric conv", "precision": "u8s8",
-                         "isa": "AVX-512 VNNI", "count": 2}],
-        "openvino": [{"layer": "Convolution", "kernel": "brgconv_avx512_amx_I8", "precision": "u8",
-                      "isa": "AMX-INT8", "count": 2}]}
+        "onnxruntime": kernel_table([{"layer": "QLinearConv", "kernel": "MLAS symmetric conv",
+                                      "precision": "u8s8", "isa": "AVX-512 VNNI", "count": 2}]),
+        "openvino": kernel_table([{"layer": "Convolution", "kernel": "brgconv_avx512_amx_I8",
+                                   "precision": "u8", "isa": "AMX-INT8", "count": 2}])}
     evals["bf16"] = {**_eval("bf16", 0.98, 0.999, evals["fp32"]["size_bytes"]),
                      "runtime": "openvino", "inference_precision": "bf16"}
 

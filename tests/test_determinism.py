@@ -7,6 +7,7 @@ import pytest
 
 from conftest import copy_project, reproduce
 from helpers import content_md5s, lock_md5s
+from quantpipe.io import VARIANTS
 
 # A forced re-run of the whole pipeline (~80 s): with the slow tests.
 pytestmark = pytest.mark.slow
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.slow
 # Every cached data/model output the pipeline writes (metrics carry timings and are not compared).
 OUTPUTS = ("data/prepared", "data/calibration", "models/model.pt", "models/exported.onnx",
            "models/fp32.onnx", "models/dynamic.onnx", "models/static.onnx", "models/qat.onnx",
-           *(f"data/detections/{v}.json" for v in ("fp32", "dynamic", "static", "qat")))
+           *(f"data/detections/{v}.json" for v in VARIANTS))
 
 
 @pytest.fixture(scope="module")

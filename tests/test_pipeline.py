@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from dvc.repo import Repo
 
-from conftest import PROBE, copy_project, reproduce, set_params
+from conftest import PROBE, copy_project, dvc, reproduce, set_params
 from quantpipe import machine
 from quantpipe.runtimes import ort as ort_runtime
 
@@ -130,7 +130,7 @@ def test_first_repro_runs_every_stage_and_writes_the_contract(project):
         assert bf16["runtime"] == "openvino" and bf16["inference_precision"] == "bf16"
         assert bf16["agreement"] >= 0.99 and bf16["size_ratio"] == 1.0
         assert set(bf16["runtimes"]) == {"openvino"} and "peak_rss_mb" not in bf16
-        assert {k["precision"] for k in bf16["kernels"]["openvino"]} == {"bf16"}
+        assert {k["precision"] for k in bf16["kernels"]["openvino"].values()} == {"bf16"}
         for variant in ("dynamic", "static", "qat"):
             row = summary[variant]["best"]["latency"]["bs8"]
             assert summary[variant]["speedup_vs_bf16"]["bs8"] == pytest.approx(
@@ -143,7 +143,16 @@ def test_first_repro_runs_every_stage_and_writes_the_contract(project):
         assert summary["skipped"]["bf16"].startswith("this CPU has no native BF16")
         assert "not measured, this CPU has no native BF16" in first
     for name in ("onnxruntime", "openvino"):  # every engine names what ran the INT8 file
-        assert {k["layer"] for k in summary["static"]["kernels"][name]}
+        assert {k["layer"] for k in summary["static"]["kernels"][name].values()}
+
+
+def test_metrics_show_carries_every_value_of_the_summary(project):
+    # DVC's metrics commands drop lists (and whatever is not a number, string or bool): anything
+    # the summary keeps in one would never reach `dvc metrics diff` in review.
+    repo, _ = project
+    shown = json.loads(dvc(repo, "metrics", "show", "--json").stdout)
+    summary = json.loads((repo / "metrics/summary.json").read_text())
+    assert shown[""]["data"]["metrics/summary.json"]["data"] == summary
 
 
 def test_second_repro_runs_nothing(project):

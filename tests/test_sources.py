@@ -227,7 +227,7 @@ def test_pipeline_from_an_image_folder_of_rgb_pngs(tmp_path):
     assert meta["class_names"] == ["class_0", "class_1", "class_2"]
     s = summary(repo)
     assert s["fp32"]["accuracy"] > 0.6  # three colours are easy; chance is 0.33
-    assert set(s) == {"fp32", "dynamic", "static", "qat", "torch", "machine", "runtimes",
+    assert set(s) == {"fp32", "dynamic", "static", "qat", "bf16", "torch", "machine", "runtimes",
                       "recommended"}
 
 

@@ -10,7 +10,7 @@ beside it and is trusted only after its outputs on the test split agree with the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable, Iterable, Protocol
 
 import numpy as np
 
@@ -154,7 +154,13 @@ def check(engines: dict[str, Runtime], reference: Runtime, path, x: np.ndarray,
     return checks
 
 
-def describe_kernels(kernels: list[dict]) -> str:
+def kernel_table(kernels: list[dict]) -> dict[str, dict]:
+    """Kernels as metrics record them: keyed "layer: kernel", because DVC's metrics commands
+    (show, diff, exp show) drop lists, so a list of kernels would not reach code review."""
+    return {f"{k['layer']}: {k['kernel']}": k for k in kernels}
+
+
+def describe_kernels(kernels: Iterable[dict]) -> str:
     """'Convolution: brgconv_avx512_amx_I8 (AMX-INT8) x2; ...' for the console."""
     return "; ".join(f"{k['layer']}: {k['kernel']} ({k['isa']}) x{k['count']}"
                      for k in kernels) or "none recorded"
