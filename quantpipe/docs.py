@@ -11,7 +11,8 @@ NAME picks what renders it:
 - `engines`: metrics/engines.json (scripts/engines.py);
 - `qat_hard`: metrics/qat_hard.json (scripts/qat_hard.py);
 - `detection`: metrics/detection.json (scripts/detection.py);
-- `precision`: every precision on both engines (summary.json: FP32, BF16, INT8);
+- `precision`, `precision_one_thread`: every precision on both engines (summary.json: FP32,
+  BF16, INT8), all cores and one thread;
 - `ort_amx`: metrics/ort_amx.json (scripts/ort_amx.py).
 
     python -m quantpipe.docs            # rewrite every generated table (`make docs`)
@@ -304,9 +305,11 @@ PRECISIONS = (("FP32", "fp32"), ("BF16 (the FP32 file)", "bf16"), ("INT8 static"
               ("INT8 QAT", "qat"), ("INT8 dynamic", "dynamic"))
 
 
-def precision_table(summary: dict) -> str:
-    """Which precision on which CPU: FP32, BF16 and INT8 on each engine, at all cores, against
-    FP32 on ONNX Runtime (same rounds) and, for INT8 at its best, against BF16 at its best."""
+def precision_table(summary: dict, threads: int | None = None) -> str:
+    """Which precision on which CPU: FP32, BF16 and INT8 on each engine, at the headline thread
+    count (all cores) against FP32 on ONNX Runtime (same rounds) and, for INT8 at its best,
+    against BF16 at its best; or at `threads` (by_threads), without the best-vs-best columns
+    (a best is over every thread count)."""
     sizes = _sizes(summary)
     titles = summary["runtimes"]
     reference = next(iter(titles))
@@ -317,6 +320,9 @@ def precision_table(summary: dict) -> str:
         if s is None:
             continue
         engines = {**({} if "runtime" in s else {reference: s}), **s.get("runtimes", {})}
+        if threads is not None:
+            engines = {name: e["by_threads"][f"threads{threads}"] for name, e in engines.items()
+                       if f"threads{threads}" in e.get("by_threads", {})}
         first = True
         for name, e in engines.items():
             if "latency_p50_ms" not in e:
@@ -329,16 +335,21 @@ def precision_table(summary: dict) -> str:
                          titles[name], f"{s[score]:.4f}",
                          "—" if drop not in s else f"{s[drop]:.2f}",
                          *[_ms(e["latency_p50_ms"][k]) for k in sizes], *speed,
-                         *[_x(versus.get(k)) for k in sizes]])
+                         *([] if threads else [_x(versus.get(k)) for k in sizes])])
     head = ["precision", "engine", score, f"drop ({unit})", *[f"p50 {k}" for k in sizes],
             *[f"vs FP32 on {titles[reference]}, {k}" for k in sizes],
-            *[f"INT8 best vs BF16 best, {k}" for k in sizes]]
+            *([] if threads else [f"INT8 best vs BF16 best, {k}" for k in sizes])]
     cores = summary["machine"]["cores"]
     skipped = summary.get("skipped", {}).get("bf16")
-    note = (f"All {cores} cores. \"vs FP32\": FP32 on {titles[reference]} timed in the same "
-            "interleaved rounds. \"INT8 best vs BF16 best\": the variant at its fastest engine "
-            "and setting against the FP32 file in BF16 at its fastest, timed in the same rounds "
-            "(one value per variant, on its first line).")
+    if threads:
+        note = (f"{threads} thread{'s' * (threads != 1)}. \"vs FP32\": FP32 on "
+                f"{titles[reference]} at {threads} thread{'s' * (threads != 1)}, timed in the same "
+                "interleaved rounds.")
+    else:
+        note = (f"All {cores} cores. \"vs FP32\": FP32 on {titles[reference]} timed in the same "
+                "interleaved rounds. \"INT8 best vs BF16 best\": the variant at its fastest "
+                "engine and setting against the FP32 file in BF16 at its fastest, timed in the "
+                "same rounds (one value per variant, on its first line).")
     if skipped:
         note += f" No BF16 row: {skipped}."
     return "\n".join([f"Measured on {describe(summary['machine'])}.", "", *_table(head, rows), "",
@@ -347,7 +358,7 @@ def precision_table(summary: dict) -> str:
 
 # How the files of scripts/ort_amx.py read in a table.
 AMX_FILES = {"fp32": "FP32", "bf16": "FP32 file in BF16", "s8_symmetric": "INT8, S8 symmetric weights (quantpipe)",
-             "s8_zero_points": "INT8, S8 weights with zero points", "u8_weights": "INT8, U8 weights"}
+             "s8_zero_points": "INT8, S8 weights with zero points (per tensor)", "u8_weights": "INT8, U8 weights"}
 
 
 def ort_amx_table(record: dict) -> str:
@@ -391,6 +402,8 @@ def render(name: str, root: Path) -> str:
         return detection_table(read("metrics/detection.json"))
     if name == "precision":
         return precision_table(read("metrics/summary.json"))
+    if name == "precision_one_thread":
+        return precision_table(read("metrics/summary.json"), threads=1)
     if name == "ort_amx":
         return ort_amx_table(read("metrics/ort_amx.json"))
     raise ValueError(f"unknown generated block {name!r}")

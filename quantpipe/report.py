@@ -104,13 +104,11 @@ def build_summary(evals: dict[str, dict], benches: dict[str, dict],
 
 def _engine_entry(engine: dict, threads: list[int]) -> dict:
     """A non-reference engine on one variant, for the summary: latency (and speedup against FP32
-    on ONNX Runtime from the same rounds) at the headline thread count, its best throughput,
-    parity with ONNX Runtime and, when it is not trusted, why."""
+    on ONNX Runtime from the same rounds) at the headline thread count and by_threads at each,
+    its best throughput, parity with ONNX Runtime and, when it is not trusted, why."""
     out: dict = {}
     if "latency" in engine:
-        rows = engine["latency"][f"threads{threads[0]}"]
-        out["latency_p50_ms"] = {bs: r["p50_ms"] for bs, r in rows.items()}
-        out["speedup"] = {bs: r["speedup"] for bs, r in rows.items()}
+        out.update(_latency(engine["latency"], threads, with_speedup=True))
         top = engine["throughput"]["best"]
         out.update({"throughput_ips": top["ips"],
                     "throughput_config": {"streams": top["streams"], "threads": top["threads"]},

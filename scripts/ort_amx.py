@@ -3,11 +3,12 @@
 reach several times more on the same files. The numbers behind docs/precision.md.
 
 For torchvision models at real sizes (random weights: speed only, nothing is downloaded) this
-exports FP32 ONNX and quantizes it with ONNX Runtime's static QDQ three ways: quantpipe's scheme
-(U8 activations, S8 symmetric per-channel weights), S8 weights with zero points
-(WeightSymmetric false) and U8 weights; then times, in the same interleaved rounds (quantpipe's
-bench), FP32 / each INT8 file on ONNX Runtime, FP32 / BF16 / quantpipe's INT8 file on OpenVINO,
-at every thread count, and records the kernel each engine ran (quantpipe.runtimes' kernels()).
+exports FP32 ONNX as the pipeline does (export, onnxsim) and quantizes it with ONNX Runtime's
+static QDQ three ways: quantpipe's scheme (U8 activations, S8 symmetric per-channel weights),
+S8 weights with zero points (per tensor, WeightSymmetric false) and U8 weights; then times, in
+the same interleaved rounds (quantpipe's bench), FP32 / each INT8 file on ONNX Runtime,
+FP32 / BF16 / quantpipe's INT8 file on OpenVINO, at every thread count, and records the kernel
+each engine ran (quantpipe.runtimes' kernels()).
 
     python scripts/ort_amx.py                   # -> metrics/ort_amx.json + table
     python scripts/ort_amx.py --models resnet18:64:32 -o /tmp/ort_amx.json
@@ -22,28 +23,35 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import onnx
 import torch
+from onnx import numpy_helper
 import torchvision
 from onnxruntime import GraphOptimizationLevel
 from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
                                       quantize_static)
 
-from quantpipe import bench, machine
+from quantpipe import bench, machine, onnxutil
 from quantpipe.docs import ort_amx_table
 from quantpipe.io import write_json
 from quantpipe.runtimes.base import kernel_table
 from quantpipe.runtimes.ort import OnnxRuntime
 from quantpipe.runtimes.ov import OpenVino
 from quantpipe.schemas.bench import BenchParams
+from quantpipe.schemas.export import ExportParams
 
 ROOT = Path(__file__).resolve().parents[1]
 # name:image size:batch, as in the issue that asked (ResNet-18 small, the others at ImageNet size).
 MODELS = ("resnet18:64:32", "mobilenet_v2:224:8", "resnet50:224:8")
-# ONNX Runtime's static QDQ three ways: quantpipe's scheme first.
-SCHEMES = {"s8_symmetric": {"weight_type": QuantType.QInt8, "extra_options": {}},
-           "s8_zero_points": {"weight_type": QuantType.QInt8,
+# ONNX Runtime's static QDQ three ways: quantpipe's scheme first. ORT makes per-channel weights
+# symmetric whatever WeightSymmetric says (qdq_quantizer.py: QLinear ops need one zero point per
+# tensor), so weights with zero points are per-tensor.
+SCHEMES = {"s8_symmetric": {"weight_type": QuantType.QInt8, "per_channel": True,
+                            "extra_options": {}},
+           "s8_zero_points": {"weight_type": QuantType.QInt8, "per_channel": False,
                               "extra_options": {"WeightSymmetric": False}},
-           "u8_weights": {"weight_type": QuantType.QUInt8, "extra_options": {}}}
+           "u8_weights": {"weight_type": QuantType.QUInt8, "per_channel": True,
+                          "extra_options": {}}}
 TIMING = BenchParams(batch_sizes=(1,), threads=("all", 1), warmup=3, runs=42, rounds=7,
                      max_seconds=20.0)
 
@@ -60,21 +68,46 @@ class Random(CalibrationDataReader):
         return next(self.batches, None)
 
 
+def skewed(model: torch.nn.Module) -> torch.nn.Module:
+    """Every convolution's most negative weights clipped to half its largest magnitude. Random
+    initial weights are symmetric about 0, so WeightSymmetric false would still give zero
+    points of 0 and the s8_zero_points file would run the same kernels as s8_symmetric;
+    trained weights are not that symmetric. Clipping only the tail keeps the activations'
+    scale (a shift of every weight compounds through ResNet-50 to infinities)."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.Conv2d):
+                m.weight.clamp_(min=-m.weight.abs().max().item() / 2)
+    return model
+
+
+def weight_zero_points(path: Path) -> int:
+    """How many weight DequantizeLinear nodes of a QDQ file have a non-zero zero point."""
+    graph = onnx.load(str(path)).graph
+    initializers = {i.name: i for i in graph.initializer}
+    return sum(1 for n in graph.node if n.op_type == "DequantizeLinear" and len(n.input) > 2
+               and n.input[0] in initializers and n.input[2] in initializers
+               and numpy_helper.to_array(initializers[n.input[2]]).any()
+               and initializers[n.input[0]].data_type == onnx.TensorProto.INT8)
+
+
 def measure(spec: str, tmp: Path, cores: int, flags: dict) -> dict:
     name, size, batch = spec.split(":")
     size, batch = int(size), int(batch)
     torch.manual_seed(0)
-    model = getattr(torchvision.models, name)(weights=None).eval()
+    model = skewed(getattr(torchvision.models, name)(weights=None).eval())
     fp32 = tmp / f"{name}.onnx"
-    torch.onnx.export(model, torch.zeros(1, 3, size, size), str(fp32), opset_version=17,
-                      input_names=["input"], output_names=["output"],
-                      dynamic_axes={"input": {0: "batch"}}, dynamo=False)
+    # quantpipe's own export and simplify stages: without onnxsim the exporter's Identity
+    # nodes feed the convolutions' biases, which quantize_static then leaves in float.
+    onnx.save(onnxutil.simplify(onnxutil.export_onnx(model, (3, size, size), ExportParams().opset), name), fp32)
     files = {"fp32": fp32}
     for scheme, options in SCHEMES.items():
         files[scheme] = tmp / f"{name}_{scheme}.onnx"
         quantize_static(str(fp32), str(files[scheme]), Random((4, 3, size, size)),
                         quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8,
-                        per_channel=True, **options)
+                        **options)
+    # The scheme is what its row claims: zero points where asked for, none where not.
+    assert bool(weight_zero_points(files["s8_zero_points"])) and not weight_zero_points(files["s8_symmetric"])
     ort = OnnxRuntime(GraphOptimizationLevel.ORT_ENABLE_ALL)
     ov, ov_bf16 = OpenVino(), OpenVino(precision="bf16")
     runs = {("onnxruntime", "fp32"): (ort, files["fp32"]),

@@ -440,8 +440,9 @@ def test_summary_has_the_best_engine_and_the_other_engines(evals, benches):
     assert best["throughput"]["runtime"] == "openvino" and best["throughput"]["speedup"] == 5.0
     assert set(s["static"]["runtimes"]) == {"openvino"}  # ONNX Runtime's are the variant's own keys
     ov = s["static"]["runtimes"]["openvino"]
-    assert set(ov) == {"latency_p50_ms", "speedup", "throughput_ips", "throughput_config",
-                       "throughput_speedup", "parity"}
+    assert set(ov) == {"latency_p50_ms", "speedup", "baseline_p50_ms", "by_threads",
+                       "throughput_ips", "throughput_config", "throughput_speedup", "parity"}
+    assert set(ov["by_threads"]) == {f"threads{t}" for t in benches["static"]["threads"]}
     assert ov["latency_p50_ms"] == {"bs1": 0.025, "bs64": 0.8}  # the headline thread count (2)
     assert ov["speedup"] == {"bs1": 4.0, "bs64": 5.0}
     assert ov["parity"] == {"agreement": 1.0, "max_abs_diff": 0.01, "mean_abs_diff": 0.001}

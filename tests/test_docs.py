@@ -14,7 +14,8 @@ from quantpipe import docs
 from quantpipe.schemas.all import Params
 
 METRICS = ("metrics/summary.json", "metrics/bench/static.json", "metrics/families.json",
-           "metrics/engines.json", "metrics/qat_hard.json", "metrics/detection.json")
+           "metrics/engines.json", "metrics/qat_hard.json", "metrics/detection.json",
+           "metrics/ort_amx.json")
 
 
 def test_every_generated_table_is_the_committed_metrics():
@@ -23,7 +24,8 @@ def test_every_generated_table_is_the_committed_metrics():
         text = path.read_text()
         found |= {m.group(2) for m in docs.BLOCK.finditer(text)}
         assert docs.regenerate(text, ROOT) == text, f"run `make docs` and commit {path.name}"
-    assert {"headline", "default", "runtimes", "families", "engines", "qat_hard"} <= found, found
+    assert {"headline", "default", "runtimes", "families", "engines", "qat_hard", "detection",
+            "precision", "precision_one_thread", "ort_amx"} <= found, found
 
 
 @pytest.fixture
@@ -68,6 +70,20 @@ def test_every_speedup_column_shows_the_fp32_time_it_divides():
             if name.startswith("speedup"):
                 p50, fp32, x = (float(re.sub(r"[^\d.]", "", c)) for c in row[i - 2:i + 1])
                 assert fp32 / p50 == pytest.approx(x, rel=0.02), (name, row)
+
+
+def test_the_one_thread_precision_table_reads_every_engine_at_one_thread():
+    summary = __import__("json").loads((ROOT / "metrics/summary.json").read_text())
+    table = docs.precision_table(summary, threads=1)
+    rows = {tuple(r[:2]): r for r in (line.strip("| ").split(" | ") for line in table.splitlines()
+                                      if line.startswith("| INT8 static"))}
+    sizes = list(summary["static"]["latency_p50_ms"])
+    for name, title in summary["runtimes"].items():
+        engine = summary["static"] if name == "onnxruntime" else summary["static"]["runtimes"][name]
+        one = engine["by_threads"]["threads1"]
+        row = rows[("INT8 static", title)]
+        assert row[-len(sizes):] == [f"x{one['speedup'][k]:.2f}" for k in sizes]
+        assert "INT8 best vs BF16 best" not in table  # a best spans thread counts
 
 
 def _keys(cls, prefix=""):
