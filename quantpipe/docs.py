@@ -320,7 +320,7 @@ def precision_table(summary: dict, threads: int | None = None) -> str:
         if s is None:
             continue
         engines = {**({} if "runtime" in s else {reference: s}), **s.get("runtimes", {})}
-        if threads is not None:
+        if threads:
             engines = {name: e["by_threads"][f"threads{threads}"] for name, e in engines.items()
                        if f"threads{threads}" in e.get("by_threads", {})}
         first = True

@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import torch
-from onnx import numpy_helper
 import torchvision
+from onnx import numpy_helper
 from onnxruntime import GraphOptimizationLevel
 from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
                                       quantize_static)
@@ -99,7 +99,8 @@ def measure(spec: str, tmp: Path, cores: int, flags: dict) -> dict:
     fp32 = tmp / f"{name}.onnx"
     # quantpipe's own export and simplify stages: without onnxsim the exporter's Identity
     # nodes feed the convolutions' biases, which quantize_static then leaves in float.
-    onnx.save(onnxutil.simplify(onnxutil.export_onnx(model, (3, size, size), ExportParams().opset), name), fp32)
+    exported = onnxutil.export_onnx(model, (3, size, size), ExportParams().opset)
+    onnx.save(onnxutil.simplify(exported, name), fp32)
     files = {"fp32": fp32}
     for scheme, options in SCHEMES.items():
         files[scheme] = tmp / f"{name}_{scheme}.onnx"
