@@ -315,9 +315,11 @@ def memory_profile(model: Path, input_shape: tuple[int, ...], batch_sizes: tuple
 
 
 def batch_of(x: np.ndarray, size: int) -> np.ndarray:
-    """The first `size` samples of x, repeated if x is shorter. (size, C, S, S)"""
-    reps = -(-size // len(x))
-    return np.ascontiguousarray(np.concatenate([x] * reps)[:size])
+    """The first `size` samples of x (an array or data.Normalized), repeated if x is shorter.
+    (size, C, S, S)"""
+    head = x[:size]
+    reps = -(-size // len(head))
+    return np.ascontiguousarray(np.concatenate([head] * reps)[:size])
 
 
 def as_dict(latency: Latency) -> dict:

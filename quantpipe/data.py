@@ -1,9 +1,10 @@
 """Datasets on disk: loading a source, the stratified split, normalization, the calibration set.
 
-Images are kept as uint8 (N, C, H, W) in .npy files (np.save is byte-deterministic, np.savez is
-not: its zip entries carry the time). The normalization constants, computed on the train split,
-live in meta.json beside them and are applied by whoever reads the pixels, so export, evaluate
-and calibration all see the same inputs.
+Images are kept as uint8 (N, C, H, W) in .npy files (np.save's bytes, which are deterministic;
+np.savez's are not: its zip entries carry the time). A split is read a batch of rows at a time
+(quantpipe.storage.NpyRows), so no stage holds a whole split, let alone one in float32. The
+normalization constants live in meta.json beside the splits and are applied by whoever reads the
+pixels (Normalized), so export, evaluate and calibration all see the same inputs.
 """
 
 from __future__ import annotations
@@ -17,15 +18,20 @@ from pathlib import Path
 import numpy as np
 
 from quantpipe.errors import UserError
+from quantpipe.storage import NpyRows, save_rows
 
 SPLITS = ("train", "val", "test")
 META_FILE = "meta.json"
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
 
+# Rows per read when a stage streams a split (a few MB of uint8 at 224 px).
+STREAM_ROWS = 256
+
+
 @dataclass(frozen=True)
 class Split:
-    x: np.ndarray  # (N, C, H, W) uint8
+    x: np.ndarray | NpyRows  # (N, C, H, W) uint8
     # (N,) int64: the class (classification) or what the split stratifies on (detection:
     # quantpipe.detection.data.strata).
     y: np.ndarray
@@ -36,8 +42,19 @@ class Split:
         return len(self.y)
 
     def take(self, idx: np.ndarray) -> "Split":
+        """The samples at idx; a split on disk stays there (its rows are read when used)."""
         objects = None if self.objects is None else tuple(self.objects[i] for i in idx)
-        return Split(self.x[idx], self.y[idx], objects)
+        return Split(rows(self.x, idx), self.y[idx], objects)
+
+
+def rows(x: np.ndarray | NpyRows, idx: np.ndarray) -> np.ndarray | NpyRows:
+    """x[idx], left on disk when x is."""
+    return x.subset(idx) if isinstance(x, NpyRows) else x[idx]
+
+
+def first(x: np.ndarray | NpyRows, n: int) -> np.ndarray | NpyRows:
+    """x[:n], left on disk when x is."""
+    return rows(x, np.arange(min(n, len(x)))) if isinstance(x, NpyRows) else x[:n]
 
 
 @dataclass(frozen=True)
@@ -54,6 +71,11 @@ class DataInfo:
     # Detection: the dataset's category id of each class index (COCO's own ids for a COCO
     # folder), as the COCO files written for the test split use them.
     category_ids: tuple[int, ...] | None = None
+    # torchvision's evaluation transform the images went through (prepare.resize, .crop):
+    # shorter side to `resize`, centre crop to `crop` (= image_size). None: squeezed to
+    # image_size. What a deployment must do to its own images before normalizing them.
+    resize: int | None = None
+    crop: int | None = None
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
@@ -69,163 +91,28 @@ def load_mnist5k() -> Split:
     return Split(x=x, y=table[:, -1])
 
 
-def load_digits() -> Split:
-    """scikit-learn's bundled 8x8 digits (1,797 images, 16 grey levels scaled to 0..255)."""
-    from sklearn.datasets import load_digits as sklearn_digits
-
-    bunch = sklearn_digits()
-    x = np.round(bunch.images * (255.0 / 16.0)).astype(np.uint8)[:, None]  # (N, 1, 8, 8)
-    return Split(x=x, y=bunch.target.astype(np.int64))
-
-
-def load_imagefolder(root: Path, channels: int | None, size: int) -> tuple[Split, tuple[str, ...]]:
-    """torchvision's ImageFolder layout: one sub-folder of images per class (sorted names),
-    each image resized to size x size."""
-    from PIL import Image, UnidentifiedImageError
-
-    classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
-    if not classes:
-        raise UserError(f"{root}: no class sub-folders; expected {root}/<class>/<image files>")
-    images, labels, modes = [], [], {}
-    for label, name in enumerate(classes):
-        files = sorted(f for f in (root / name).iterdir()
-                       if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES)
-        if not files:
-            raise UserError(f"{root / name}: no images ({', '.join(IMAGE_SUFFIXES)})")
-        for f in files:
-            try:
-                with Image.open(f) as img:
-                    img.load()
-                    modes.setdefault(_channels_of(img), f)
-                    want = channels or _channels_of(img)
-                    images.append(np.asarray(img.convert("L" if want == 1 else "RGB")))
-            except (UnidentifiedImageError, OSError) as e:
-                raise UserError(f"{f}: unreadable image ({type(e).__name__}); remove or replace it") from None
-            labels.append(label)
-    if channels is None and len(modes) > 1:
-        (c1, f1), (c2, f2) = list(modes.items())[:2]
-        raise UserError(f"{root}: images with {c1} and {c2} channels ({f1}, {f2}); "
-                        "set prepare.channels to 1 or 3 to convert them all")
-    x = _stack_resized(images, size)
-    return Split(x=x, y=np.asarray(labels, dtype=np.int64)), tuple(classes)
-
-
-def _channels_of(img) -> int:
+def channels_of(img) -> int:
+    """A PIL image's channels: 1 for grey (and palette images with a grey palette), else 3."""
     return 1 if img.mode in ("1", "L", "I", "I;16", "F", "P") and not (
         img.mode == "P" and "RGB" in img.palette.mode) else 3
 
 
-def _stack_resized(images: list[np.ndarray], size: int) -> np.ndarray:
-    """(H, W[, C]) uint8 images of any size -> (N, C, size, size), each resized on its own."""
-    out = []
-    for im in images:
-        chw = im[None] if im.ndim == 2 else im.transpose(2, 0, 1)
-        out.append(resize(chw[None], size)[0])  # resize() returns same-size images as they are
-    return np.stack(out)
-
-
-def load_npz(path: Path) -> Split:
-    """Arrays `x` (N, C, H, W) or (N, H, W) — uint8, or floats in [0, 1] or [0, 255] — and `y`."""
-    try:
-        with np.load(path, allow_pickle=False) as archive:
-            missing = [k for k in ("x", "y") if k not in archive.files]
-            if missing:
-                raise UserError(f"{path}: no array named {missing[0]!r}; expected arrays x and y "
-                                f"(found {archive.files})")
-            x, y = archive["x"], archive["y"]
-    except (ValueError, OSError, EOFError) as e:
-        raise UserError(f"{path}: not a readable .npz file ({type(e).__name__}: {e})") from None
-    if x.ndim == 3:
-        x = x[:, None]
-    if x.ndim != 4 or x.shape[1] not in (1, 3):
-        raise UserError(f"{path}: x has shape {x.shape}; expected (N, C, H, W) with C 1 or 3, or (N, H, W)")
-    if y.ndim != 1 or len(y) != len(x):
-        raise UserError(f"{path}: y has shape {y.shape}; expected ({len(x)},), one label per image")
-    if not np.issubdtype(y.dtype, np.integer):
-        raise UserError(f"{path}: y is {y.dtype}; expected integer class labels")
-    if x.dtype != np.uint8:
-        if not np.issubdtype(x.dtype, np.number):
-            raise UserError(f"{path}: x is {x.dtype}; expected uint8 or floats")
-        bad = np.flatnonzero(~np.isfinite(x.reshape(len(x), -1)).all(axis=1))
-        if len(bad):
-            raise UserError(f"{path}: x[{bad[0]}] contains NaN or Inf ({len(bad)} samples); fix or drop them")
-        lo, hi = float(x.min()), float(x.max())
-        if lo < 0 or hi > 255:
-            raise UserError(f"{path}: x values span [{lo:g}, {hi:g}]; expected [0, 1] or [0, 255]")
-        x = np.round(x * (255.0 if hi <= 1.0 else 1.0)).astype(np.uint8)
-    return Split(x=x, y=y.astype(np.int64))
-
-
-def load_torchvision(name: str, root: Path) -> Split:
-    """A torchvision dataset already on disk (train and test parts pooled; never downloaded)."""
-    import torchvision.datasets as tvd
-
-    cls = getattr(tvd, name, None)
-    if not isinstance(cls, type):
-        raise UserError(f"prepare.source = 'torchvision:{name}': torchvision has no dataset {name!r}; "
-                        "e.g. torchvision:MNIST, torchvision:FashionMNIST, torchvision:CIFAR10")
-    parts = []
-    for train in (True, False):
-        try:
-            ds = cls(root=str(root), train=train, download=False)
-        except TypeError:
-            raise UserError(f"prepare.source = 'torchvision:{name}': only datasets with a train/test "
-                            "split are supported; use imagefolder or npz for others") from None
-        except RuntimeError as e:  # torchvision: "Dataset not found. You can use download=True ..."
-            raise UserError(f"{root}: torchvision {name} files not found ({str(e).splitlines()[0]}); "
-                            f"place the dataset there (this pipeline never downloads)") from None
-        x = np.asarray(ds.data)
-        x = x[:, None] if x.ndim == 3 else x.transpose(0, 3, 1, 2)  # (N, H, W[, C]) -> (N, C, H, W)
-        parts.append(Split(x=np.ascontiguousarray(x, dtype=np.uint8), y=np.asarray(ds.targets, dtype=np.int64)))
-    return Split(x=np.concatenate([p.x for p in parts]), y=np.concatenate([p.y for p in parts]))
-
-
-def load_source(source: str, path: str | None, channels: int | None,
-                size: int) -> tuple[Split, tuple[str, ...] | None]:
-    """The dataset named by prepare.source (and prepare.path), resized to size x size and
-    converted to `channels` (None: as stored); class names when known."""
-    split, names = _load_raw(source, path, channels, size)
-    if channels is not None and split.x.shape[1] != channels:
-        # 1 -> 3 repeats the grey channel; 3 -> 1 takes the luma (ITU-R 601-2, as Pillow's "L").
-        split = Split(x=np.repeat(split.x, 3, axis=1) if channels == 3 else np.round(
-            np.tensordot(split.x.astype(np.float32), np.array([0.299, 0.587, 0.114], np.float32),
-                         axes=([1], [0])))[:, None].astype(np.uint8), y=split.y)
-    return Split(x=resize(split.x, size), y=split.y), names
-
-
-def _load_raw(source: str, path: str | None, channels: int | None,
-              size: int) -> tuple[Split, tuple[str, ...] | None]:
-    if source == "mnist5k":
-        return load_mnist5k(), None
-    if source == "digits":
-        return load_digits(), None
-    if source not in ("imagefolder", "npz") and not source.startswith("torchvision:"):
-        raise UserError(f"prepare.source = {source!r} is not supported; use mnist5k, digits, "
-                        "imagefolder, npz or torchvision:<Name>")
-    root = Path(path or "")
-    if not path or not root.exists():
-        raise UserError(f"prepare.path = {path!r}: not found; prepare.source = {source} reads "
-                        "its data from there")
-    if source == "imagefolder":
-        if not root.is_dir():
-            raise UserError(f"prepare.path = {path!r} is not a directory of class folders")
-        return load_imagefolder(root, channels, size)
-    if source == "npz":
-        return load_npz(root), None
-    return load_torchvision(source.split(":", 1)[1], root), None
-
-
 def check_dataset(split: Split, where: str) -> int:
     """Labels must be 0..K-1 with at least two classes present; returns K."""
-    if len(split) == 0:
+    return check_labels(split.y, where)
+
+
+def check_labels(y: np.ndarray, where: str) -> int:
+    """check_dataset on the labels alone (an image folder's, before its images are decoded)."""
+    if len(y) == 0:
         raise UserError(f"{where}: the dataset is empty")
-    if split.y.min() < 0:
-        i = int(np.argmin(split.y))
-        raise UserError(f"{where}: sample {i} has label {int(split.y[i])}; labels must be 0..K-1")
-    classes = np.unique(split.y)
+    if y.min() < 0:
+        i = int(np.argmin(y))
+        raise UserError(f"{where}: sample {i} has label {int(y[i])}; labels must be 0..K-1")
+    classes = np.unique(y)
     if len(classes) < 2:
         raise UserError(f"{where}: only one class ({int(classes[0])}); a classifier needs at least two")
-    return int(split.y.max()) + 1
+    return int(y.max()) + 1
 
 
 def resize(x: np.ndarray, size: int) -> np.ndarray:
@@ -282,8 +169,7 @@ def compute_info(source: str, train: Split, num_classes: int,
     """Dataset facts; the normalization is `mean_std` when given, else the train split's."""
     channels = train.x.shape[1]
     if mean_std is None:
-        pixels = train.x.astype(np.float64) / 255.0
-        mean, std = pixels.mean(axis=(0, 2, 3)), pixels.std(axis=(0, 2, 3))
+        mean, std = channel_mean_std(train.x)
     else:
         mean, std = mean_std
         if len(mean) != channels or len(std) != channels:
@@ -296,11 +182,56 @@ def compute_info(source: str, train: Split, num_classes: int,
                     class_names=class_names)
 
 
-def normalize(x: np.ndarray, info: DataInfo) -> np.ndarray:
-    """uint8 (N, C, H, W) -> float32 (N, C, H, W), (x/255 - mean) / std per channel."""
-    mean = np.asarray(info.mean, dtype=np.float32).reshape(1, -1, 1, 1)
-    std = np.asarray(info.std, dtype=np.float32).reshape(1, -1, 1, 1)
+def channel_mean_std(x: np.ndarray | NpyRows) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel mean and std of pixel/255 over uint8 (N, C, H, W), a batch of rows at a time:
+    exact integer sums (no float accumulation error however large the split)."""
+    channels = x.shape[1]
+    total, squares, count = np.zeros(channels, np.int64), np.zeros(channels, np.int64), 0
+    for start in range(0, len(x), STREAM_ROWS):
+        batch = x[start:start + STREAM_ROWS].astype(np.int64)
+        total += batch.sum(axis=(0, 2, 3))
+        squares += (batch * batch).sum(axis=(0, 2, 3))
+        count += batch.size // channels
+    mean = total / count
+    variance = np.maximum(squares / count - mean * mean, 0.0)
+    return mean / 255.0, np.sqrt(variance) / 255.0
+
+
+def normalize(x: np.ndarray | NpyRows, info: DataInfo) -> np.ndarray:
+    """uint8 (N, C, H, W) -> float32 (N, C, H, W), (x/255 - mean) / std per channel; one
+    (C, H, W) image the same way. A split on disk is read whole: stream it with Normalized."""
+    x = x[:] if isinstance(x, NpyRows) else x
+    shape = (-1, 1, 1) if x.ndim == 3 else (1, -1, 1, 1)
+    mean = np.asarray(info.mean, dtype=np.float32).reshape(shape)
+    std = np.asarray(info.std, dtype=np.float32).reshape(shape)
     return ((x.astype(np.float32) / 255.0 - mean) / std).astype(np.float32)
+
+
+class Normalized:
+    """uint8 images (an array, or a split's rows on disk) as the model's float32 inputs: indexing
+    reads and normalizes only the rows it returns, so a pass in batches over a split of any size
+    holds one batch of float32 at a time. Reads like the (N, C, H, W) float32 array it stands
+    for: len, shape, x[i], x[a:b], x[index array]."""
+
+    dtype = np.dtype(np.float32)
+
+    def __init__(self, pixels: np.ndarray | NpyRows, info: DataInfo) -> None:
+        self.pixels, self.info = pixels, info
+        self.shape = tuple(pixels.shape)
+        self.ndim = len(self.shape)
+
+    def __len__(self) -> int:
+        return len(self.pixels)
+
+    def __getitem__(self, key) -> np.ndarray:
+        return normalize(self.pixels[key], self.info)
+
+    def channel_min(self) -> np.ndarray:
+        """(C,) the smallest normalized value of each channel over all images."""
+        low = np.full(self.shape[1], 255, np.uint8)
+        for start in range(0, len(self), STREAM_ROWS):
+            low = np.minimum(low, self.pixels[start:start + STREAM_ROWS].min(axis=(0, 2, 3)))
+        return normalize(low.reshape(1, -1, 1, 1), self.info).reshape(-1)
 
 
 def save_splits(directory: Path, splits: dict[str, Split], info: DataInfo) -> None:
@@ -309,11 +240,19 @@ def save_splits(directory: Path, splits: dict[str, Split], info: DataInfo) -> No
     from quantpipe.detection.data import save_objects
 
     for name, split in splits.items():
-        np.save(directory / f"{name}_x.npy", np.ascontiguousarray(split.x))
+        path = directory / f"{name}_x.npy"
+        if not (isinstance(split.x, NpyRows) and split.x.whole_file and split.x.path == path):
+            save_rows(path, split.x)
         np.save(directory / f"{name}_y.npy", split.y.astype(np.int64))
         if split.objects is not None:
             save_objects(directory, name, split.objects)
-    (directory / META_FILE).write_text(json.dumps(asdict(info), indent=2, sort_keys=True) + "\n")
+    write_info(directory, info)
+
+
+def write_info(directory: Path, info: DataInfo) -> None:
+    # resize/crop only when set: a dataset prepared without them keeps its meta.json (and hash).
+    meta = {k: v for k, v in asdict(info).items() if v is not None or k not in ("resize", "crop")}
+    (directory / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
 
 
 def load_info(directory: Path | str) -> DataInfo:
@@ -343,19 +282,23 @@ def load_calibration_index(directory: Path | str) -> np.ndarray:
 
 
 def load_split(directory: Path | str, name: str) -> Split:
+    """A split's labels (and boxes) in memory, its images left on disk (NpyRows)."""
     directory = Path(directory)
-    arrays = []
-    for path in (directory / f"{name}_x.npy", directory / f"{name}_y.npy"):
-        try:
-            arrays.append(np.load(path, allow_pickle=False))
-        except FileNotFoundError:
-            raise UserError(f"{path}: not found; run `dvc repro prepare` first") from None
-        except (ValueError, EOFError, OSError) as e:
-            raise UserError(f"{path}: unreadable ({type(e).__name__}: {e}); "
-                            "re-run `dvc repro -f prepare`") from None
+    x_path, y_path = directory / f"{name}_x.npy", directory / f"{name}_y.npy"
+    try:
+        x = NpyRows(x_path)
+        y = np.load(y_path, allow_pickle=False)
+    except FileNotFoundError as e:
+        raise UserError(f"{e.filename}: not found; run `dvc repro prepare` first") from None
+    except (ValueError, EOFError, OSError) as e:
+        raise UserError(f"{y_path}: unreadable ({type(e).__name__}: {e}); "
+                        "re-run `dvc repro -f prepare`") from None
+    if len(y) != len(x):
+        raise UserError(f"{x_path}: {len(x)} images for {len(y)} labels in {y_path}; "
+                        "re-run `dvc repro -f prepare`")
     objects = None
     if (directory / f"{name}_objects.npy").exists():
         from quantpipe.detection.data import load_objects
 
         objects = load_objects(directory, name)
-    return Split(x=arrays[0], y=arrays[1], objects=objects)
+    return Split(x=x, y=y, objects=objects)

@@ -115,7 +115,7 @@ def concurrent_inputs(x: np.ndarray, callers: int, sizes: tuple[int, ...]) -> li
     inputs, start = [], 0
     for i in range(callers):
         size = sizes[i % len(sizes)]
-        inputs.append(np.take(x, np.arange(start, start + size), axis=0, mode="wrap"))
+        inputs.append(x[np.arange(start, start + size) % len(x)])
         start += size
     return inputs
 

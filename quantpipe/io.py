@@ -68,6 +68,19 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def resources(images: int, seconds: float, workers_peak_rss_mb: float | None = None) -> dict:
+    """What a stage cost, for its metrics: this process's peak resident memory (MB; VmHWM, which
+    unlike ru_maxrss does not start from the parent's size at fork), its worker processes' when
+    it has any, and images per second."""
+    from quantpipe.memprobe import high_water_mb
+
+    return {"peak_rss_mb": round(high_water_mb(), 1),
+            **({} if workers_peak_rss_mb is None else
+               {"workers_peak_rss_mb": round(workers_peak_rss_mb, 1)}),
+            "images": images, "seconds": round(seconds, 2),
+            "images_per_second": round(images / max(seconds, 1e-9), 1)}
+
+
 def write_bytes(path: Path | str, data: bytes) -> None:
     with atomic_path(path) as tmp:
         tmp.write_bytes(data)

@@ -11,7 +11,7 @@ import io
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
@@ -19,6 +19,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from quantpipe.errors import UserError
+
+if TYPE_CHECKING:
+    from quantpipe.data import Normalized
 
 ZOO = ("simple_cnn", "mnist_net")
 # Detectors (prepare.task: detection): quantpipe's own (quantpipe.detection.model) and
@@ -81,6 +84,21 @@ def onnx_source(name: str) -> Path | None:
     if path.is_absolute() or INPUTS_DIR not in path.parents:
         raise UserError(f"train.model = {name!r}: put the model under {INPUTS_DIR}/ (e.g. "
                         f"onnx:{INPUTS_DIR}/model.onnx) so DVC tracks it as a dependency")
+    return path
+
+
+def weights_source(weights: str, model: str) -> Path:
+    """The checkpoint named by train.weights, which must live under inputs/ (a DVC dependency
+    of the train stage) and belong to a model trained here."""
+    if onnx_source(model):
+        raise UserError(f"train.weights = {weights!r} is for a PyTorch model; train.model = "
+                        f"{model!r} carries its own weights: set train.weights: null")
+    path = Path(weights)
+    if path.is_absolute() or INPUTS_DIR not in path.parents:
+        raise UserError(f"train.weights = {weights!r}: put the checkpoint under {INPUTS_DIR}/ "
+                        f"(e.g. {INPUTS_DIR}/{path.name}) so DVC tracks it as a dependency")
+    if not path.is_file():
+        raise UserError(f"train.weights = {weights!r}: not found; save the state_dict there")
     return path
 
 
@@ -258,11 +276,12 @@ class EpochStats:
     seconds: float
 
 
-def train_model(model: nn.Module, x_train: np.ndarray, y_train: np.ndarray,
-                x_val: np.ndarray, y_val: np.ndarray, *, epochs: int, batch_size: int,
+def train_model(model: nn.Module, x_train: np.ndarray | Normalized, y_train: np.ndarray,
+                x_val: np.ndarray | Normalized, y_val: np.ndarray, *, epochs: int, batch_size: int,
                 lr: float, max_shift: int, seed: int, progress: bool = True,
                 on_step: Callable[[nn.Module, int], None] | None = None) -> list[EpochStats]:
-    """Adam + cross-entropy on normalized float32 (N, C, S, S) inputs; returns per-epoch stats.
+    """Adam + cross-entropy on normalized float32 (N, C, S, S) inputs (an array, or a split read
+    a batch at a time); returns per-epoch stats.
 
     on_step(model, step) runs after each optimizer step (1, 2, ...): quantization-aware
     training freezes BatchNorm and its ranges from there.
@@ -276,9 +295,10 @@ def train_model(model: nn.Module, x_train: np.ndarray, y_train: np.ndarray,
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)  # dropout draws from the global generator
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    x_all, y_all = torch.from_numpy(x_train), torch.from_numpy(y_train)
+    y_all = torch.from_numpy(y_train)
     # Pad with each channel's minimum, which is the normalized background (0 pixels).
-    background = x_all.amin(dim=(0, 2, 3)).view(1, -1, 1, 1)
+    low = x_train.channel_min() if hasattr(x_train, "channel_min") else x_train.min(axis=(0, 2, 3))
+    background = torch.from_numpy(np.asarray(low, dtype=np.float32)).view(1, -1, 1, 1)
     history, step = [], 0
     for epoch in range(1, epochs + 1):
         start = time.perf_counter()
@@ -290,7 +310,8 @@ def train_model(model: nn.Module, x_train: np.ndarray, y_train: np.ndarray,
         total_loss, correct = 0.0, 0
         for idx in tqdm(batches, desc=f"epoch {epoch}/{epochs}", unit="batch",
                         disable=not progress, leave=False):
-            xb = _random_shift(x_all[idx], max_shift, background, gen)
+            # A batch at a time: x_train may be a split on disk (quantpipe.data.Normalized).
+            xb = _random_shift(torch.from_numpy(x_train[idx.numpy()]), max_shift, background, gen)
             yb = y_all[idx]
             optimizer.zero_grad()
             logits, loss = _logits_and_loss(model(xb), yb)
@@ -351,7 +372,8 @@ def _random_shift(x: torch.Tensor, max_shift: int, background: torch.Tensor,
 
 
 @torch.no_grad()
-def predict_torch(model: nn.Module, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
+def predict_torch(model: nn.Module, x: np.ndarray | Normalized,
+                  batch_size: int = 256) -> np.ndarray:
     """Logits (N, K) float32 of a model in eval mode for normalized (N, C, S, S) inputs."""
     was_training = model.training
     model.eval()
@@ -361,12 +383,93 @@ def predict_torch(model: nn.Module, x: np.ndarray, batch_size: int = 256) -> np.
     return np.concatenate(out).astype(np.float32)
 
 
+def score_classifier(model: nn.Module, x: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    """Accuracy and mean cross-entropy of a classifier on normalized inputs and their labels."""
+    logits = predict_torch(model, x)
+    loss = float(F.cross_entropy(torch.from_numpy(logits), torch.from_numpy(y)))
+    return {"accuracy": round(float((logits.argmax(1) == y).mean()), 6), "loss": round(loss, 6)}
+
+
 def state_dict_bytes(model: nn.Module) -> bytes:
     # torch.save records the file's base name inside its zip; saving through a BytesIO keeps
     # the bytes independent of the (temporary) file name, so re-training gives the same hash.
     buffer = io.BytesIO()
     torch.save(model.state_dict(), buffer)
     return buffer.getvalue()
+
+
+# Where training scripts keep the state_dict inside a checkpoint dict (torchvision's reference
+# scripts: "model"; PyTorch Lightning: "state_dict"; many tutorials: "model_state_dict").
+CHECKPOINT_KEYS = ("state_dict", "model", "model_state_dict")
+
+
+def load_checkpoint(model: nn.Module, path: Path, name: str, num_classes: int) -> nn.Module:
+    """Load the weights a user brings (train.weights) into `model`, a freshly built train.model.
+
+    `path` holds a state_dict or a checkpoint dict with one under CHECKPOINT_KEYS, read with
+    weights_only=True (a pickle cannot run code here). Keys saved through DataParallel
+    ("module.") or without quantpipe's detector wrapper ("det.") are matched to the model's.
+    Anything that does not fit raises a one-line UserError naming the file and the key.
+    """
+    try:
+        raw = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        if "Weights only load failed" in str(e):
+            # "... Unsupported global: GLOBAL mymodule.Net ...": a pickled object (a whole
+            # nn.Module, an optimizer with custom classes), not only tensors.
+            what = next((line.split("Unsupported global:", 1)[1].split()[1]
+                         for line in str(e).splitlines() if "Unsupported global:" in line
+                         and len(line.split("Unsupported global:", 1)[1].split()) > 1), "objects")
+            raise UserError(f"{path}: torch.load(weights_only=True) refuses it: it pickles {what}, "
+                            "not only tensors; save model.state_dict() with torch.save instead") from None
+        # a truncated zip, a file that is not torch.save's
+        raise UserError(f"{path}: not a torch.save file ({type(e).__name__}); save "
+                        "model.state_dict() with torch.save") from None
+    state = raw
+    for key in CHECKPOINT_KEYS:
+        if isinstance(state, dict) and isinstance(state.get(key), dict):
+            state = state[key]
+            break
+    if not isinstance(state, dict) or not state or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
+        found = type(raw).__name__ if not isinstance(raw, dict) else \
+            f"a dict with keys {sorted(map(str, raw))[:5]}"
+        raise UserError(f"{path}: not a state_dict ({found}); expected a dict of tensors, or a "
+                        f"checkpoint dict holding one under {' or '.join(CHECKPOINT_KEYS)}")
+    expected = model.state_dict()
+    state = _align_keys(state, expected)
+    for key, tensor in state.items():
+        if key in expected and tensor.shape != expected[key].shape:
+            want = tuple(expected[key].shape)
+            if (len(want) and want[0] == num_classes and tensor.ndim == len(want)
+                    and tuple(tensor.shape[1:]) == want[1:]):
+                raise UserError(
+                    f"{path}: {key} has {tensor.shape[0]} classes, the data has {num_classes} "
+                    f"(data/prepared/meta.json); bring a checkpoint trained on these classes")
+            raise UserError(f"{path}: {key} has shape {tuple(tensor.shape)} in the checkpoint, "
+                            f"{want} in train.model = {name}")
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing:
+        raise UserError(f"{path}: layer {missing[0]} of train.model = {name} is missing from the "
+                        f"checkpoint ({len(missing)} missing); is it a {name} checkpoint?")
+    if unexpected:
+        raise UserError(f"{path}: unexpected layer {unexpected[0]} ({len(unexpected)} not in "
+                        f"train.model = {name}); is it a {name} checkpoint?")
+    return model
+
+
+def _align_keys(state: dict[str, torch.Tensor],
+                expected: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The checkpoint's keys renamed the way that matches the most of the model's: as saved,
+    without DataParallel's "module.", or under the model's one top-level wrapper ("det.")."""
+    candidates = [state]
+    if all(k.startswith("module.") for k in state):
+        candidates.append({k[len("module."):]: v for k, v in state.items()})
+    tops = {k.split(".", 1)[0] for k in expected}
+    if len(tops) == 1:
+        prefix = f"{tops.pop()}."
+        candidates += [{prefix + k: v for k, v in c.items()} for c in list(candidates)]
+    return max(candidates, key=lambda c: len(expected.keys() & c.keys()))
 
 
 def load_weights(model: nn.Module, path: Path | str) -> nn.Module:

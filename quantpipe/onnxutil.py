@@ -140,12 +140,25 @@ def session_runner(session: ort.InferenceSession) -> Callable[[np.ndarray], np.n
     return lambda batch: session.run(None, {name: batch})[0]
 
 
+# Passes over at least this many images show a progress bar (images/s, time left) on stderr.
+PROGRESS_FROM = 5000
+
+
 def run_batched(session: ort.InferenceSession | Callable[[np.ndarray], np.ndarray], x: np.ndarray,
-                batch_size: int = 256) -> np.ndarray:
-    """Outputs of the first model output for (N, ...) inputs, batch by batch; `session` may also
-    be a runner (another engine's: batch -> first output)."""
+                batch_size: int = 256, progress: str | None = None) -> np.ndarray:
+    """Outputs of the first model output for (N, ...) inputs (an array, or data.Normalized: a
+    split read a batch at a time), batch by batch; `session` may also be a runner (another
+    engine's: batch -> first output). progress: the bar's title, for a long pass."""
+    from tqdm import tqdm
+
     run = session_runner(session) if isinstance(session, ort.InferenceSession) else session
-    return np.concatenate([run(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
+    outputs = []
+    with tqdm(total=len(x), unit="img", desc=progress, leave=False,
+              disable=progress is None or len(x) < PROGRESS_FROM) as bar:
+        for i in range(0, len(x), batch_size):
+            outputs.append(run(x[i:i + batch_size]))
+            bar.update(len(outputs[-1]))
+    return np.concatenate(outputs)
 
 
 def parity_limit(expected: np.ndarray, tolerance: float) -> float:

@@ -98,9 +98,11 @@ def _convert(hint, value, key: str):
         inner = [a for a in args if a is not type(None)]
         if len(inner) == 1:
             return _convert(inner[0], value, key)
-        for option in inner:  # e.g. int | str: the first type the value is
-            if isinstance(value, option) and not (option is int and isinstance(value, bool)):
-                return value
+        for option in inner:  # e.g. int | str, tuple[float, ...] | str: the first that fits
+            try:
+                return _convert(option, value, key)
+            except UserError:
+                continue
         names = " or ".join(getattr(a, "__name__", str(a)) for a in inner)
         raise UserError(f"{key} = {value!r}: expected {names}")
     if isinstance(hint, type) and hasattr(hint, "__members__"):  # Python and pybind11 enums

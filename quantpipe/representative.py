@@ -41,6 +41,9 @@ class Measure:
                 "images), or expect a larger drop")
 
 
+BATCH = 256  # images per read
+
+
 def _measure(name: str, calib: np.ndarray, test: np.ndarray) -> Measure:
     calib, test = calib.astype(np.float64), test.astype(np.float64)
     pooled = np.sqrt((calib.var() + test.var()) / 2)
@@ -50,8 +53,13 @@ def _measure(name: str, calib: np.ndarray, test: np.ndarray) -> Measure:
 
 
 def input_measures(calib_x: np.ndarray, test_x: np.ndarray) -> list[Measure]:
-    """uint8 (N, C, S, S) images: brightness (mean pixel) and contrast (pixel std) per image."""
-    per_image = lambda x, f: f(x.reshape(len(x), -1).astype(np.float32), axis=1)  # noqa: E731
+    """uint8 (N, C, S, S) images (arrays, or splits on disk read a batch at a time): brightness
+    (mean pixel) and contrast (pixel std) per image."""
+    def per_image(x, f) -> np.ndarray:
+        return np.concatenate([f(x[i:i + BATCH].reshape(-1, int(np.prod(x.shape[1:])))
+                                 .astype(np.float32), axis=1)
+                               for i in range(0, len(x), BATCH)] or [np.zeros(0, np.float32)])
+
     return [_measure("brightness (mean pixel, 0-255)", per_image(calib_x, np.mean),
                      per_image(test_x, np.mean)),
             _measure("contrast (pixel standard deviation)", per_image(calib_x, np.std),

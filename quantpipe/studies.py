@@ -36,9 +36,9 @@ def colour_folder(root: Path, n: int = 5000, size: int = 32, seed: int = 0) -> N
     """n RGB PNGs in root/<digit>/: MNIST digits in a random colour on a random background."""
     from PIL import Image
 
-    from quantpipe import data
+    from quantpipe import sources
 
-    split = data.load_mnist5k()
+    split = sources.load_mnist5k()
     rng = np.random.default_rng(seed)
     idx = rng.permutation(len(split.y))[:n]
     for k, i in enumerate(idx):

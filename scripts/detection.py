@@ -120,7 +120,7 @@ def dark_calibration(repo: Path, log: Path, ladder: bool) -> dict:
     set_params(repo, {"quantize_static": {"max_fallback_steps": steps if ladder else 0}})
     prepared, calib_dir = repo / "data/prepared", repo / "data/calibration"
     train, info = data.load_split(prepared, "train"), data.load_info(prepared)
-    brightness = train.x.reshape(len(train), -1).mean(1)
+    brightness = train.x[:].reshape(len(train), -1).mean(1)
     index = np.sort(np.argsort(brightness, kind="stable")[:DARK_CALIBRATION])
     calib_dir.chmod(0o755)
     for f in calib_dir.iterdir():  # DVC may have linked them read-only from its cache

@@ -43,7 +43,7 @@ def main(argv: list[str]) -> None:
     threads = bench.resolve_threads(p.threads, machine["cores"])
     info = data.load_info(args.data)
     test = data.load_split(args.data, "test")
-    x = data.normalize(test.x, info)
+    x = data.Normalized(test.x, info)  # read a batch at a time
     models = {variant: args.model, "fp32": args.fp32}
     skipped = skipped_model(models[variant]) or (
         variant == "bf16" and registry.bf16_skip(machine, p.runtimes))

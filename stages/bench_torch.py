@@ -27,7 +27,7 @@ def main(argv: list[str]) -> None:
     machine = machines.load(args.machine)
     threads = bench.resolve_threads(p.threads, machine["cores"])
     test = data.load_split(args.data, "test")
-    x = data.normalize(test.x, info)
+    x = data.Normalized(test.x, info)  # read a batch at a time
     model = models.build_model(name, info.channels, info.image_size, info.num_classes)
     models.load_weights(model, args.model)
     out = models.predict_torch(model, x)

@@ -4,10 +4,12 @@ error vs FP32, per-class accuracy, a confusion matrix, graph facts and edge-inpu
 The bf16 variant is models/fp32.onnx computed in BF16 by the first engine of bench.runtimes
 that can (OpenVINO), on a CPU with native BF16; elsewhere it is skipped with the reason."""
 
+import time
+
 from quantpipe import criterion, data, evaluate, onnxutil, params
 from quantpipe import machine as machines
 from quantpipe.errors import UserError
-from quantpipe.io import run_stage, skipped_model, stage_args, write_json
+from quantpipe.io import resources, run_stage, skipped_model, stage_args, write_json
 from quantpipe.runtimes import registry
 from quantpipe.runtimes.base import RuntimeUnavailable
 from quantpipe.schemas.bench import BenchParams
@@ -36,7 +38,7 @@ def main(argv: list[str]) -> None:
     model = onnxutil.load_model(path)
     info = data.load_info(args.data)
     test = data.load_split(args.data, "test")
-    x = data.normalize(test.x, info)  # (N, C, S, S) float32
+    x = data.Normalized(test.x, info)  # (N, C, S, S) float32, read a batch at a time
 
     session = onnxutil.make_session(path, level=level)
     onnxutil.check_input_matches(session, info.input_shape, str(path))
@@ -58,8 +60,11 @@ def main(argv: list[str]) -> None:
             return
         engine = {"runtime": bf16.name,
                   "inference_precision": bf16.settings(path, machine["cores"])["inference_precision"]}
-    logits = onnxutil.run_batched(session, x, p.batch_size)
-    ref = logits if variant == "fp32" else onnxutil.run_batched(fp32_session, x, p.batch_size)
+    start = time.perf_counter()
+    logits = onnxutil.run_batched(session, x, p.batch_size, progress=f"evaluate {variant}")
+    ref = logits if variant == "fp32" else onnxutil.run_batched(fp32_session, x, p.batch_size,
+                                                                progress="evaluate fp32")
+    seconds = time.perf_counter() - start  # the variant's and FP32's pass over the test split
     atol = getattr(p.batch_consistency_atol, variant)
     same = None
     if info.task == "detection":
@@ -81,7 +86,7 @@ def main(argv: list[str]) -> None:
         raise UserError(f"{path}: edge check {failed[0].name} failed: {failed[0].detail}{others}")
     # Agreement on a larger pool that needs no labels: train images, evenly spaced.
     train_x = data.load_split(args.data, "train").x
-    pool_x = data.normalize(train_x[criterion.pool_indices(len(train_x))], info)
+    pool_x = data.Normalized(data.rows(train_x, criterion.pool_indices(len(train_x))), info)
     pool_out = onnxutil.run_batched(session, pool_x, p.batch_size)
     pool_ref = pool_out if variant == "fp32" else onnxutil.run_batched(fp32_session, pool_x,
                                                                         p.batch_size)
@@ -103,7 +108,8 @@ def main(argv: list[str]) -> None:
         "variant": variant, **engine, **quality, "pool": pool,
         "size_bytes": path.stat().st_size, "ops": onnxutil.op_counts(model),
         "graph_optimization_level": level.name,
-        "edge_checks": {c.name: {"ok": c.ok, "detail": c.detail} for c in checks}}
+        "edge_checks": {c.name: {"ok": c.ok, "detail": c.detail} for c in checks},
+        "resources": resources(len(x) * (1 if variant == "fp32" else 2), seconds)}
     write_json(args.metrics, metrics)
     # Detection: the COCO results the mAP above was scored from, to re-score against
     # data/prepared/test_annotations.json with any COCO tool.

@@ -22,7 +22,7 @@ from onnxruntime import GraphOptimizationLevel
 
 from quantpipe import data, models, onnxutil, params
 from quantpipe.engines import qat
-from quantpipe.io import run_stage, stage_args, write_bytes, write_json
+from quantpipe.io import resources, run_stage, stage_args, write_bytes, write_json
 from quantpipe.schemas.detect import DetectParams
 from quantpipe.schemas.export import ExportParams
 from quantpipe.schemas.quantize_qat import QuantizeQATParams
@@ -72,7 +72,7 @@ def main(argv: list[str]) -> None:
         return skip(f"train.model is {name}: there is no PyTorch model to fine-tune")
     train, val, test = (data.load_split(args.data, s) for s in ("train", "val", "test"))
     calib = data.load_split(args.calibration, "calib")
-    x_train, x_val, x_test = (data.normalize(s.x, info) for s in (train, val, test))
+    x_train, x_val, x_test = (data.Normalized(s.x, info) for s in (train, val, test))
 
     start = time.perf_counter()
     torch.manual_seed(seed)
@@ -85,7 +85,7 @@ def main(argv: list[str]) -> None:
     except qat.Unsupported as e:
         return skip(str(e))
     body = qmodel.body if detect else qmodel  # the fake-quantized graph
-    qat.calibrate(body, data.normalize(calib.x, info), p.calib_batch_size)
+    qat.calibrate(body, data.Normalized(calib.x, info), p.calib_batch_size)
     freeze = {"freeze_bn_after": p.freeze_bn_after,
               "freeze_observers_after": p.freeze_observers_after}
     if detect:
@@ -147,7 +147,10 @@ def main(argv: list[str]) -> None:
         **({"test_map_50_95": task.scored(fused, test, info, detect)[0]["map_50_95"]} if detect
            else {"test_accuracy": round(float((fused.argmax(1) == test.y).mean()), 6)}),
         "epoch_seconds": [h.seconds for h in history], "seconds": seconds,
-        "parity": parity, "size_bytes": len(blob), "ops": onnxutil.op_counts(proto)}
+        "parity": parity, "size_bytes": len(blob), "ops": onnxutil.op_counts(proto),
+        # Images through the model: calibration, every epoch's training set, the parity passes.
+        "resources": resources(len(calib.y) + p.epochs * len(train) + 3 * len(test),
+                               time.perf_counter() - start)}
     # A detector's outputs are boxes in pixels beside scores: its limit is on the detections.
     if parity["agreement"] < p.min_agreement or (
             not detect and parity["max_abs_diff"] > p.max_abs_diff):

@@ -22,7 +22,7 @@ from quantpipe.engines import registry
 from quantpipe.engines.base import StaticJob
 from quantpipe.engines.graph import check_calibration
 from quantpipe.errors import UserError
-from quantpipe.io import atomic_path, run_stage, stage_args, write_json
+from quantpipe.io import atomic_path, resources, run_stage, stage_args, write_json
 from quantpipe.schemas.detect import DetectParams
 from quantpipe.schemas.prepare import PrepareParams
 from quantpipe.schemas.quantize_static import QuantizeStaticParams
@@ -37,6 +37,7 @@ def main(argv: list[str]) -> None:
     args = stage_args("quantize_static", argv, "fp32", "data", "calibration", "out", "metrics",
                       "sensitivity")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
+    stage_start = time.perf_counter()
     p = params.load(QuantizeStaticParams)
     level = params.load(RuntimeParams).graph_optimization_level
     try:
@@ -49,10 +50,11 @@ def main(argv: list[str]) -> None:
     check_calibration(calib.x, info.input_shape, fp32)
     prepared_info = data.load_info(args.data)
     val = data.load_split(args.data, "val")
-    val_x = data.normalize(val.x, prepared_info)
+    # Read a batch at a time (data.Normalized): every model below runs over them in batches.
+    val_x = data.Normalized(val.x, prepared_info)
     train_x = data.load_split(args.data, "train").x
-    pool_x = data.normalize(train_x[criterion.pool_indices(
-        len(train_x), data.load_calibration_index(args.calibration))], prepared_info)
+    pool_x = data.Normalized(data.rows(train_x, criterion.pool_indices(
+        len(train_x), data.load_calibration_index(args.calibration))), prepared_info)
     warnings = engine.warnings(p)
     for w in warnings:
         logging.warning("quantize_static: %s", w)
@@ -63,9 +65,12 @@ def main(argv: list[str]) -> None:
     if coarse:
         logging.warning("quantize_static: %s", coarse)
 
+    scored = [0]  # images through candidate and reference models (the stage's images/s)
+
     def outputs(model: Path | bytes, *images: np.ndarray) -> list[np.ndarray]:
         """The model's raw outputs on each of `images`, from one session."""
         session = onnxutil.make_session(model, level=level)
+        scored[0] += sum(len(x) for x in images)
         return [onnxutil.run_batched(session, x) for x in images]
 
     if detection:
@@ -102,8 +107,8 @@ def main(argv: list[str]) -> None:
 
     # Does the calibration set look like the data? Inputs, and FP32's outputs on both.
     test_x = data.load_split(args.data, "test").x
-    calib_out, test_out = outputs(args.fp32, data.normalize(calib.x, info),
-                                  data.normalize(test_x, prepared_info))
+    calib_out, test_out = outputs(args.fp32, data.Normalized(calib.x, info),
+                                  data.Normalized(test_x, prepared_info))
     stats = (lambda out: task.output_statistics(out, d)) if detection else \
         representative.classifier_outputs
     calibration_check, calibration_warnings = representative.check(
@@ -140,7 +145,9 @@ def main(argv: list[str]) -> None:
             "calibration_check": calibration_check, "calibration_warnings": calibration_warnings,
             "symbolic_shape_inference": result.symbolic_shape_inference,
             "seconds": round(time.perf_counter() - start, 2),
-            "size_bytes": tmp.stat().st_size, "ops": onnxutil.op_counts(static)}
+            "size_bytes": tmp.stat().st_size, "ops": onnxutil.op_counts(static),
+            "resources": resources(scored[0] + result.calib_samples_used,
+                                   time.perf_counter() - stage_start)}
         if last["real_drop"]:
             other = " or ".join(n for n in registry.ENGINES.names() if n != p.engine)
             message = (f"{last['verdict']} (rule: {RULE_KEYS[last['rule']]}); tried "

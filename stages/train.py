@@ -1,11 +1,12 @@
 """train: fit train.model on data/prepared; write models/model.pt (a state_dict) and metrics."""
 
+import time
 from dataclasses import asdict
 
 import torch
 
 from quantpipe import data, models, params
-from quantpipe.io import run_stage, stage_args, write_bytes, write_json
+from quantpipe.io import resources, run_stage, stage_args, write_bytes, write_json
 from quantpipe.schemas.detect import DetectParams
 from quantpipe.schemas.train import TrainParams
 
@@ -24,38 +25,65 @@ def main(argv: list[str]) -> None:
         write_json(args.curve, [])
         print(f"train: skipped, the model comes from {p.model}")
         return
+    weights = models.weights_source(p.weights, p.model) if p.weights else None
     train, val = data.load_split(args.data, "train"), data.load_split(args.data, "val")
     torch.manual_seed(seed)
     model = models.build_model(p.model, info.channels, info.image_size, info.num_classes)
-    x_train, x_val = data.normalize(train.x, info), data.normalize(val.x, info)
+    if weights:
+        models.load_checkpoint(model, weights, p.model, info.num_classes)
+    x_train, x_val = data.Normalized(train.x, info), data.Normalized(val.x, info)
     if info.task == "detection":
         from quantpipe.detection import task
         from quantpipe.detection.model import train_detector
 
         detect = params.load(DetectParams)
 
-        def val_map_50(m: torch.nn.Module) -> float:
+        def score(m: torch.nn.Module, x, split: data.Split) -> dict:
             with torch.no_grad():
-                out = models.predict_torch(m, x_val)
-            return task.scored(out, val, info, detect)[0]["map_50"]
+                out = models.predict_torch(m, x)
+            return {"map_50": task.scored(out, split, info, detect)[0]["map_50"]}
 
-        history = train_detector(model, x_train, train.objects, x_val, val.objects,
-                                 epochs=p.epochs, batch_size=p.batch_size, lr=p.lr, seed=seed,
-                                 score_map_50=val_map_50)
-        summary = {"val_map_50": history[-1].val_map_50}
+        def fit() -> list:
+            return train_detector(model, x_train, train.objects, x_val, val.objects,
+                                  epochs=p.epochs, batch_size=p.batch_size, lr=p.lr, seed=seed,
+                                  score_map_50=lambda m: score(m, x_val, val)["map_50"])
     else:
-        history = models.train_model(model, x_train, train.y, x_val, val.y, epochs=p.epochs,
-                                     batch_size=p.batch_size, lr=p.lr, max_shift=p.max_shift,
-                                     seed=seed)
-        summary = {"val_accuracy": history[-1].val_accuracy}
+        def score(m: torch.nn.Module, x, split: data.Split) -> dict:
+            return models.score_classifier(m, x, split.y)
+
+        def fit() -> list:
+            return models.train_model(model, x_train, train.y, x_val, val.y, epochs=p.epochs,
+                                      batch_size=p.batch_size, lr=p.lr, max_shift=p.max_shift,
+                                      seed=seed)
+    start = time.perf_counter()
+    # The checkpoint's own scores: what epochs 0 ships, what fine-tuning starts from.
+    brought = {}
+    if weights:
+        test = data.load_split(args.data, "test")
+        for name, (x, split) in {"val": (x_val, val),
+                                 "test": (data.Normalized(test.x, info), test)}.items():
+            brought.update({f"{name}_{k}": v for k, v in score(model, x, split).items()})
+    history = fit() if p.epochs else []
+    if history:
+        last = history[-1]
+        key = "val_map_50" if info.task == "detection" else "val_accuracy"
+        summary = {key: getattr(last, key), "val_loss": last.val_loss,
+                   "train_loss": last.train_loss,
+                   **({"checkpoint": brought} if weights else {})}
+    else:
+        summary = brought
     write_bytes(args.model, models.state_dict_bytes(model))
-    last = history[-1]
     write_json(args.metrics, {
-        "model": p.model, "parameters": sum(t.numel() for t in model.parameters()), **summary,
-        "val_loss": last.val_loss, "train_loss": last.train_loss,
-        "seconds": round(sum(h.seconds for h in history), 2)})
+        "model": p.model, **({"weights": p.weights} if weights else {}), "epochs": p.epochs,
+        "parameters": sum(t.numel() for t in model.parameters()), **summary,
+        "seconds": round(time.perf_counter() - start, 2),
+        # Images through the model: every epoch's training set, and the brought weights' scoring.
+        "resources": resources(p.epochs * len(train) + (len(val) + len(test) if weights else 0),
+                               time.perf_counter() - start)})
     write_json(args.curve, [asdict(h) for h in history])
-    print(f"train: {p.model}, " + ", ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in summary.items())
+    shown = {k: v for k, v in summary.items() if isinstance(v, float)}
+    print(f"train: {p.model}{f' from {weights}' if weights else ''}, {p.epochs} epoch(s), "
+          + ", ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in shown.items())
           + f" -> {args.model}")
 
 

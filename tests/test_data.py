@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from helpers import structured_images
-from quantpipe import data
+from quantpipe import data, sources
 from quantpipe.errors import UserError
 
 # Unequal class sizes, so "each class keeps its share" is not the same as "equal counts".
@@ -234,7 +234,7 @@ def test_corrupt_meta_json_is_a_user_error(tmp_path, content):
 # --- the embedded dataset ---------------------------------------------------------------------
 
 def test_load_mnist5k():
-    mnist = data.load_mnist5k()
+    mnist = sources.load_mnist5k()
     assert len(mnist) == 5000
     assert mnist.x.shape == (5000, 1, 28, 28) and mnist.x.dtype == np.uint8
     assert np.array_equal(np.bincount(mnist.y), np.full(10, 500))
@@ -245,4 +245,4 @@ def test_load_mnist5k():
 
 def test_unknown_source_is_a_user_error():
     with pytest.raises(UserError, match="prepare.source"):
-        data.load_source("cifar10", None, None, size=28)
+        sources.load_source("cifar10", None, None, size=28)

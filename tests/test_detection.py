@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from conftest import TINY_PARAMS, dvc, make_project, set_params
-from quantpipe import data
+from quantpipe import data, sources
 from quantpipe.detection import coco, post
 from quantpipe.detection.data import (coco_ground_truth, digit_canvases, letterbox,
                                       load_detection_source, strata)
@@ -28,7 +28,7 @@ DETECTION_PARAMS = {**TINY_PARAMS, "prepare": {"task": "detection", "calib_size"
 
 @pytest.fixture(scope="module")
 def canvases():
-    digits = data.load_mnist5k()
+    digits = sources.load_mnist5k()
     return digits, digit_canvases(digits.x, digits.y, 64)
 
 
@@ -337,7 +337,7 @@ def test_detectors_need_the_detection_task():
 
 def _digit_images(n: int, seed: int = 0) -> list[tuple[np.ndarray, list]]:
     """n grey images (48 x 64) with 1-2 MNIST digits each and their boxes (x, y, w, h, label)."""
-    digits = data.load_mnist5k()
+    digits = sources.load_mnist5k()
     rng = np.random.default_rng(seed)
     out = []
     for i in range(n):
@@ -551,7 +551,7 @@ def test_a_calibration_set_of_dark_canvases_is_warned_about_and_costs_map(detect
     drop_before = read("metrics/eval/static.json")["map_drop_pts"]
     prepared, calib_dir = repo / "data/prepared", repo / "data/calibration"
     train = data.load_split(prepared, "train")
-    dark = np.sort(np.argsort(train.x.reshape(len(train), -1).mean(1), kind="stable")[:64])
+    dark = np.sort(np.argsort(train.x[:].reshape(len(train), -1).mean(1), kind="stable")[:64])
     shutil.rmtree(calib_dir)
     calib_dir.mkdir()
     data.save_splits(calib_dir, {"calib": train.take(dark)}, data.load_info(prepared))

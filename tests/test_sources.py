@@ -16,7 +16,7 @@ from PIL import Image
 
 from conftest import TINY_PARAMS, make_project, reproduce
 from helpers import TwoConvNet, export_to, trained_on
-from quantpipe import data, models, onnxutil
+from quantpipe import data, models, onnxutil, sources
 from quantpipe.errors import UserError
 from test_pipeline import ALL_STAGES
 
@@ -42,17 +42,17 @@ def colour_folder(root: Path, classes: int = 3, per_class: int = 14, size: int =
 # --- sources, unit level ----------------------------------------------------------------------
 
 def test_digits_source_is_the_bundled_8x8_digits():
-    split, names = data.load_source("digits", None, None, size=8)
+    split, names = sources.load_source("digits", None, None, size=8)
     assert split.x.shape == (1797, 1, 8, 8) and split.x.dtype == np.uint8
     assert split.x.max() == 255 and set(np.unique(split.y)) == set(range(10)) and names is None
 
 
 def test_imagefolder_reads_rgb_pngs_resized_with_class_names(tmp_path):
     root = colour_folder(tmp_path / "shapes")
-    split, names = data.load_source("imagefolder", str(root), None, size=16)
+    split, names = sources.load_source("imagefolder", str(root), None, size=16)
     assert split.x.shape == (42, 3, 16, 16) and names == ("class_0", "class_1", "class_2")
     assert np.bincount(split.y).tolist() == [14, 14, 14]
-    grey, _ = data.load_source("imagefolder", str(root), 1, size=16)
+    grey, _ = sources.load_source("imagefolder", str(root), 1, size=16)
     assert grey.x.shape == (42, 1, 16, 16)
 
 
@@ -60,8 +60,8 @@ def test_imagefolder_mixed_channels_need_prepare_channels(tmp_path):
     root = colour_folder(tmp_path / "shapes", per_class=2)
     Image.fromarray(np.zeros((20, 20), np.uint8), "L").save(root / "class_0" / "grey.png")
     with pytest.raises(UserError, match="prepare.channels"):
-        data.load_source("imagefolder", str(root), None, size=16)
-    split, _ = data.load_source("imagefolder", str(root), 3, size=16)
+        sources.load_source("imagefolder", str(root), None, size=16)
+    split, _ = sources.load_source("imagefolder", str(root), 3, size=16)
     assert split.x.shape[1] == 3
 
 
@@ -69,25 +69,25 @@ def test_imagefolder_unreadable_image_is_named(tmp_path):
     root = colour_folder(tmp_path / "shapes", per_class=2)
     (root / "class_1" / "broken.png").write_bytes(b"not a png")
     with pytest.raises(UserError, match="broken.png: unreadable image"):
-        data.load_source("imagefolder", str(root), None, size=16)
+        sources.load_source("imagefolder", str(root), None, size=16)
 
 
 def test_imagefolder_missing_or_empty_path(tmp_path):
     with pytest.raises(UserError, match="prepare.path = .*not found"):
-        data.load_source("imagefolder", str(tmp_path / "nope"), None, size=16)
+        sources.load_source("imagefolder", str(tmp_path / "nope"), None, size=16)
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="no class sub-folders"):
-        data.load_source("imagefolder", str(tmp_path / "empty"), None, size=16)
+        sources.load_source("imagefolder", str(tmp_path / "empty"), None, size=16)
 
 
 def test_npz_accepts_nhw_uint8_and_unit_floats(tmp_path):
     rng = np.random.default_rng(0)
     x = rng.integers(0, 256, (10, 12, 12), dtype=np.uint8)
     np.savez(tmp_path / "a.npz", x=x, y=np.arange(10) % 2)
-    split, _ = data.load_source("npz", str(tmp_path / "a.npz"), None, size=12)
+    split, _ = sources.load_source("npz", str(tmp_path / "a.npz"), None, size=12)
     assert split.x.shape == (10, 1, 12, 12) and np.array_equal(split.x[:, 0], x)
     np.savez(tmp_path / "b.npz", x=x[:, None] / 255.0, y=np.arange(10) % 2)
-    split, _ = data.load_source("npz", str(tmp_path / "b.npz"), 3, size=8)
+    split, _ = sources.load_source("npz", str(tmp_path / "b.npz"), 3, size=8)
     assert split.x.shape == (10, 3, 8, 8)
 
 
@@ -101,7 +101,7 @@ def test_npz_accepts_nhw_uint8_and_unit_floats(tmp_path):
 def test_npz_errors_name_the_file_and_the_problem(tmp_path, arrays, message):
     np.savez(tmp_path / "bad.npz", **arrays)
     with pytest.raises(UserError, match=message) as e:
-        data.load_source("npz", str(tmp_path / "bad.npz"), None, size=8)
+        sources.load_source("npz", str(tmp_path / "bad.npz"), None, size=8)
     assert "bad.npz" in str(e.value)
 
 
@@ -122,17 +122,17 @@ def _write_idx(path: Path, array: np.ndarray) -> None:
 
 def test_torchvision_dataset_read_from_disk_never_downloaded(tmp_path):
     with pytest.raises(UserError, match="files not found.*never downloads"):
-        data.load_source("torchvision:FashionMNIST", str(tmp_path), None, size=28)
+        sources.load_source("torchvision:FashionMNIST", str(tmp_path), None, size=28)
     raw = tmp_path / "FashionMNIST" / "raw"
     raw.mkdir(parents=True)
     rng = np.random.default_rng(0)
     for prefix, n in (("train", 12), ("t10k", 6)):
         _write_idx(raw / f"{prefix}-images-idx3-ubyte", rng.integers(0, 256, (n, 28, 28), dtype=np.uint8))
         _write_idx(raw / f"{prefix}-labels-idx1-ubyte", (np.arange(n) % 3).astype(np.uint8))
-    split, _ = data.load_source("torchvision:FashionMNIST", str(tmp_path), None, size=16)
+    split, _ = sources.load_source("torchvision:FashionMNIST", str(tmp_path), None, size=16)
     assert split.x.shape == (18, 1, 16, 16) and np.bincount(split.y).tolist() == [6, 6, 6]
     with pytest.raises(UserError, match="no dataset 'NotADataset'"):
-        data.load_source("torchvision:NotADataset", str(tmp_path), None, size=16)
+        sources.load_source("torchvision:NotADataset", str(tmp_path), None, size=16)
 
 
 # --- any torchvision classifier, 1 or 3 channels, any size --------------------------------------
@@ -237,7 +237,7 @@ def test_pipeline_with_a_brought_onnx_model(tmp_path):
         "source": "digits", "image_size": 8, "calib_size": 32},
         "train": {"model": "onnx:inputs/model.onnx"}})
     # A model trained elsewhere: a few steps on the same digits, exported with batch fixed to 1.
-    split, _ = data.load_source("digits", None, None, size=8)
+    split, _ = sources.load_source("digits", None, None, size=8)
     info = data.compute_info("digits", split, 10)
     torch.manual_seed(0)
     net = trained_on(TwoConvNet(1, 8, 10), data.normalize(split.x[:600], info), split.y[:600], steps=40)

@@ -148,12 +148,12 @@ def _read_image(path: Path, channels: int | None, where: str) -> np.ndarray:
     """(C, H, W) uint8; channels None keeps grey as grey and anything else as RGB."""
     from PIL import Image, UnidentifiedImageError
 
-    from quantpipe.data import _channels_of
+    from quantpipe.data import channels_of
 
     try:
         with Image.open(path) as img:
             img.load()
-            want = channels or _channels_of(img)
+            want = channels or channels_of(img)
             arr = np.asarray(img.convert("L" if want == 1 else "RGB"))
     except FileNotFoundError:
         raise UserError(f"{where}: image {path} not found; add it or remove its record") from None

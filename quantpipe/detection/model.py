@@ -165,19 +165,20 @@ def train_detector(model: nn.Module, x_train: np.ndarray, obj_train: tuple[np.nd
     steps = epochs * max(1, len(x_train) // batch_size)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=steps,
                                                    pct_start=0.1)
-    x_all = torch.from_numpy(x_train)
     history, step = [], 0
     for epoch in range(1, epochs + 1):
         start = time.perf_counter()
         model.train()
-        order = torch.randperm(len(x_all), generator=gen)
+        order = torch.randperm(len(x_train), generator=gen)
         total = 0.0
         batches = [b for b in order.split(batch_size) if len(b) == batch_size] or [order]
         for idx in batches:
             if step >= steps:
                 break
             optimizer.zero_grad()
-            loss = model.loss(x_all[idx], [obj_train[i] for i in idx.tolist()])
+            # A batch at a time: x_train may be a split on disk (quantpipe.data.Normalized).
+            loss = model.loss(torch.from_numpy(x_train[idx.numpy()]),
+                              [obj_train[i] for i in idx.tolist()])
             loss.backward()
             optimizer.step()
             schedule.step()
@@ -187,7 +188,7 @@ def train_detector(model: nn.Module, x_train: np.ndarray, obj_train: tuple[np.nd
             total += loss.item() * len(idx)
         model.eval()
         with torch.no_grad():
-            val_loss = float(model.loss(torch.from_numpy(x_val), list(obj_val)))
+            val_loss = float(model.loss(torch.from_numpy(x_val[:]), list(obj_val)))
         history.append(DetEpoch(epoch=epoch, train_loss=round(total / sum(map(len, batches)), 6),
                                 val_loss=round(val_loss, 6), val_map_50=round(score_map_50(model), 6),
                                 seconds=round(time.perf_counter() - start, 3)))

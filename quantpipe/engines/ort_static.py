@@ -23,7 +23,7 @@ from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, 
                                       QuantType, quantize_static)
 
 from quantpipe.criterion import Judged
-from quantpipe.data import DataInfo, normalize
+from quantpipe.data import DataInfo, first, normalize
 from quantpipe.engines.base import StaticJob, StaticResult
 from quantpipe.engines.graph import (COMPUTE_OPS, box_nodes, float_compute_nodes, graph_input,
                                     output_tail, preprocess_checked)
@@ -37,7 +37,8 @@ SENSITIVITY_SAMPLES = 64
 
 
 class CalibrationReader(CalibrationDataReader):
-    """Feeds uint8 (N, C, S, S) calibration images to ORT, normalized lazily batch by batch."""
+    """Feeds uint8 (N, C, S, S) calibration images (an array, or rows on disk) to ORT, read and
+    normalized batch by batch."""
 
     def __init__(self, x: np.ndarray, info: DataInfo, input_name: str, batch_size: int) -> None:
         self.x = x
@@ -472,9 +473,9 @@ def quantize_static_with_fallback(fp32_path: Path, out_path: Path, calib_x: np.n
         p = dataclasses.replace(p, op_types_to_quantize=op_types)
         n_calib, extra = calibration_plan(pre_model, p, len(calib_x))
         input_name = graph_input(pre_model).name
-        reader = CalibrationReader(calib_x[:n_calib], info, input_name, p.calib_batch_size)
+        reader = CalibrationReader(first(calib_x, n_calib), info, input_name, p.calib_batch_size)
         # SQNR needs only a few batches; collect_activations keeps every output in memory.
-        probe = CalibrationReader(calib_x[:SENSITIVITY_SAMPLES], info, input_name, p.calib_batch_size)
+        probe = CalibrationReader(first(calib_x, SENSITIVITY_SAMPLES), info, input_name, p.calib_batch_size)
 
         excluded = list(p.nodes_to_exclude)
         cache = workdir / "calibration.json"
@@ -506,7 +507,7 @@ def quantize_static_with_fallback(fp32_path: Path, out_path: Path, calib_x: np.n
             log.warning("quantize_static: %s; trying other calibration methods", best.record["verdict"])
             n_hist, _ = calibration_plan(pre_model, dataclasses.replace(
                 p, calibrate_method=CalibrationMethod.Entropy), n_calib)
-            outputs = collect_outputs(pre, CalibrationReader(calib_x[:n_hist], info, input_name,
+            outputs = collect_outputs(pre, CalibrationReader(first(calib_x, n_hist), info, input_name,
                                                              p.calib_batch_size), p, workdir)
             tried = [attempt("calibration", m, cached_ranges(outputs, m, p, workdir / f"{m.name}.json"),
                              best.nodes)

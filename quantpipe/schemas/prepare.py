@@ -15,6 +15,10 @@ SOURCES = ("mnist5k", "digits", "imagefolder", "npz", "torchvision:<Name>")
 DETECTION_SOURCES = ("digits_detection", "coco", "yolo")
 
 
+# Named normalizations (prepare.mean / prepare.std): torchvision's ImageNet models'.
+NORMALIZATION_PRESETS = {"imagenet": {"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)}}
+
+
 @dataclass(frozen=True)
 class PrepareParams:
     SECTION: ClassVar[str] = "prepare"
@@ -25,14 +29,21 @@ class PrepareParams:
     source: str | None = None
     path: str | None = None
     # Side of the square images fed to the model (pixels); null: 28 for classification (mnist5k
-    # is natively 28), 64 for detection (detection images are letterboxed to it).
+    # is natively 28), 64 for detection (detection images are letterboxed to it), or
+    # prepare.crop. Without resize/crop every image is resized to image_size x image_size.
     image_size: int | None = None
+    # torchvision's evaluation transform, for a model trained with it: the shorter side resized
+    # to `resize` (bilinear, antialiased, aspect kept), then the centre `crop` x `crop` (e.g.
+    # 256 and 224 for ImageNet models). One of them alone: the other takes its value.
+    resize: int | None = None
+    crop: int | None = None
     # 1 or 3 converts every image (grey <-> RGB); null keeps the dataset's own channels.
     channels: int | None = None
-    # Per-channel normalization of pixel/255; null computes it on the train split. Set it to
-    # what a model brought as ONNX was trained with (e.g. ImageNet's 0.485, 0.456, 0.406).
-    mean: tuple[float, ...] | None = None
-    std: tuple[float, ...] | None = None
+    # Per-channel normalization of pixel/255: null computes it on the train split; `imagenet`
+    # is torchvision's (mean 0.485, 0.456, 0.406, std 0.229, 0.224, 0.225), what its pretrained
+    # models expect; or a list per channel. Set it to what a model you bring was trained with.
+    mean: tuple[float, ...] | str | None = None
+    std: tuple[float, ...] | str | None = None
     # Shares of the whole dataset; the rest is train. Stratified, so each class keeps its share.
     val_fraction: float = 0.1
     test_fraction: float = 0.2
@@ -42,6 +53,29 @@ class PrepareParams:
 
     def __post_init__(self) -> None:
         check(self.task in TASKS, "prepare.task", self.task, " or ".join(TASKS))
+        for key in ("resize", "crop"):
+            value = getattr(self, key)
+            check(value is None or 8 <= value <= 4096, f"prepare.{key}", value, "8..4096 or null")
+        if self.resize or self.crop:
+            check(self.task == "classification", "prepare.resize", self.resize,
+                  "null with prepare.task: detection (detection images are letterboxed to "
+                  "prepare.image_size)")
+            resize, crop = self.resize or self.crop, self.crop or self.resize
+            check(crop <= resize, "prepare.crop", crop, f"at most prepare.resize ({resize})")
+            check(self.image_size in (None, crop), "prepare.image_size", self.image_size,
+                  f"null or {crop}: the images are prepare.crop = {crop} px square")
+            object.__setattr__(self, "resize", resize)
+            object.__setattr__(self, "crop", crop)
+            object.__setattr__(self, "image_size", crop)
+        named = {v for v in (self.mean, self.std) if isinstance(v, str)}
+        for key in ("mean", "std"):  # presets become their numbers, once (one names both)
+            value = getattr(self, key)
+            if value is None and len(named) == 1:
+                value = next(iter(named))
+            if isinstance(value, str):
+                check(value in NORMALIZATION_PRESETS, f"prepare.{key}", value,
+                      f"one of {list(NORMALIZATION_PRESETS)}, a list of numbers per channel, or null")
+                object.__setattr__(self, key, NORMALIZATION_PRESETS[value][key])
         # Resolved once here, so every reader sees the value in use.
         for key in ("source", "image_size"):
             if getattr(self, key) is None:

@@ -18,6 +18,10 @@ class TrainParams:
     # (resnet18, ...) or onnx:inputs/<file>.onnx. null (and null epochs, batch_size, lr): the
     # task's default, mnist_net or tiny_detector (quantpipe/tasks.py).
     model: str | None = None
+    # Weights you bring for train.model: inputs/<file>, a state_dict (or a checkpoint dict
+    # holding one under state_dict, model or model_state_dict), read with weights_only=True.
+    # With epochs 0 they are used as they are; with epochs N the model is fine-tuned from them.
+    weights: str | None = None
     epochs: int | None = None
     batch_size: int | None = None
     lr: float | None = None
@@ -29,8 +33,11 @@ class TrainParams:
         # The model name itself is checked by quantpipe.models (it needs torchvision).
         check(self.model is None or bool(self.model), "train.model", self.model,
               "a model name such as mnist_net, or null")
-        check(self.epochs is None or self.epochs >= 1, "train.epochs", self.epochs,
-              "an integer >= 1 or null")
+        check(self.weights is None or bool(self.weights), "train.weights", self.weights,
+              "inputs/<file> (a state_dict) or null")
+        check(self.epochs is None or self.epochs >= (0 if self.weights else 1), "train.epochs",
+              self.epochs, "an integer >= 1 or null (0, use the weights as they are, needs "
+              "train.weights)" if not self.weights else "an integer >= 0 or null")
         check(self.batch_size is None or self.batch_size >= 1, "train.batch_size",
               self.batch_size, "an integer >= 1 or null")
         check(self.lr is None or 0 < self.lr < 10, "train.lr", self.lr, "a number in (0, 10) or null")
