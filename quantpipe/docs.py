@@ -13,7 +13,8 @@ NAME picks what renders it:
 - `detection`: metrics/detection.json (scripts/detection.py);
 - `precision`, `precision_one_thread`: every precision on both engines (summary.json: FP32,
   BF16, INT8), all cores and one thread;
-- `ort_amx`: metrics/ort_amx.json (scripts/ort_amx.py).
+- `ort_amx`: metrics/ort_amx.json (scripts/ort_amx.py);
+- `scale`: metrics/scale.json (scripts/scale.py).
 
     python -m quantpipe.docs            # rewrite every generated table (`make docs`)
     python -m quantpipe.docs --check    # exit 1 naming the file whose tables differ (a test)
@@ -381,6 +382,35 @@ def ort_amx_table(record: dict) -> str:
                       *_table(head, body)])
 
 
+SCALE_STAGES = ("prepare", "quantize_static", "evaluate@static")
+
+
+def scale_table(record: dict) -> str:
+    """metrics/scale.json (scripts/scale.py): per dataset size, each stage's wall time, images
+    per second and peak RSS, and how the peak changed from the size above."""
+    def peak(r: dict) -> float:  # the stage process or its largest worker
+        return max(r["peak_rss_mb"], r.get("workers_peak_rss_mb") or 0.0)
+
+    runs = sorted(record["runs"].values(), key=lambda r: r["images"])
+    head = ["images", *[h for s in SCALE_STAGES for h in (f"{s}: wall", f"{s}: peak RSS")],
+            "static accuracy"]
+    body = []
+    for before, run in zip([None, *runs], runs):
+        cells = [f"{run['images']:,}"]
+        for stage in SCALE_STAGES:
+            r = run[stage]
+            growth = "" if before is None else f" ({peak(r) / peak(before[stage]) - 1:+.0%})"
+            cells += [f"{r['wall_seconds']:.0f} s ({r['images_per_second']:,.0f} img/s)",
+                      f"{peak(r):,.0f} MB{growth}"]
+        body.append(cells + [f"{run['static_accuracy']:.4f}"])
+    return "\n".join([f"Measured on {record['machine']}; {record['size_px']} px RGB JPEGs. Wall: "
+                      "`dvc repro -s <stage>` timed from outside (DVC's hashing and caching of the "
+                      "outputs included); img/s: the stage's own count of images through a model "
+                      "(prepare: decoded) per second of its work; peak RSS: the stage process or "
+                      "its largest worker (VmHWM), in brackets the change from the size above.",
+                      "", *_table(head, body)])
+
+
 def render(name: str, root: Path) -> str:
     read = lambda rel: json.loads((root / rel).read_text())  # noqa: E731
     if name == "default":
@@ -406,6 +436,8 @@ def render(name: str, root: Path) -> str:
         return precision_table(read("metrics/summary.json"), threads=1)
     if name == "ort_amx":
         return ort_amx_table(read("metrics/ort_amx.json"))
+    if name == "scale":
+        return scale_table(read("metrics/scale.json"))
     raise ValueError(f"unknown generated block {name!r}")
 
 
