@@ -57,7 +57,8 @@ class PrepareParams:
             value = getattr(self, key)
             check(value is None or 8 <= value <= 4096, f"prepare.{key}", value, "8..4096 or null")
         if self.resize or self.crop:
-            check(self.task == "classification", "prepare.resize", self.resize,
+            key = "prepare.resize" if self.resize else "prepare.crop"
+            check(self.task == "classification", key, self.resize or self.crop,
                   "null with prepare.task: detection (detection images are letterboxed to "
                   "prepare.image_size)")
             resize, crop = self.resize or self.crop, self.crop or self.resize
