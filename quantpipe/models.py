@@ -8,6 +8,7 @@ built with random weights for the dataset's channels and classes. Nothing is dow
 from __future__ import annotations
 
 import io
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -417,9 +418,8 @@ def load_checkpoint(model: nn.Module, path: Path, name: str, num_classes: int) -
         if "Weights only load failed" in str(e):
             # "... Unsupported global: GLOBAL mymodule.Net ...": a pickled object (a whole
             # nn.Module, an optimizer with custom classes), not only tensors.
-            what = next((line.split("Unsupported global:", 1)[1].split()[1]
-                         for line in str(e).splitlines() if "Unsupported global:" in line
-                         and len(line.split("Unsupported global:", 1)[1].split()) > 1), "objects")
+            found = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+            what = found.group(1) if found else "objects"
             raise UserError(f"{path}: torch.load(weights_only=True) refuses it: it pickles {what}, "
                             "not only tensors; save model.state_dict() with torch.save instead") from None
         # a truncated zip, a file that is not torch.save's
