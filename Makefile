@@ -17,7 +17,7 @@ REV ?= main
 # stops at once while another run's stage is going (quantpipe/dvcrun.py).
 DVC := python -m quantpipe.dvcrun
 
-.PHONY: env repro test test-all test-slow docs diff diff-all plots clean
+.PHONY: env pull repro test test-all test-slow docs diff diff-all review gate plots clean
 
 # quantpipe itself is installed editable (the checkout's code is what runs), and again whenever
 # the installed one is another checkout's (several clones sharing one virtualenv). Checked from
@@ -30,6 +30,16 @@ $(STAMP): requirements.txt constraints.txt
 	@test -x $(BIN)/python || python3 -m venv $(VENV)
 	$(BIN)/python -m pip install --disable-pip-version-check -q -r requirements.txt -c constraints.txt
 	@rm -f $(VENV)/.quantpipe-deps-* && touch $@
+
+# What the default DVC remote has of this revision's outputs and run cache (CI, a fresh clone):
+# `dvc repro` then re-runs only what it lacked. Without a default remote, or when the remote
+# cannot be reached (no credentials: a pull request from a fork), it says so and goes on.
+pull: env
+	@if remote=$$(dvc remote default 2>/dev/null); then \
+	  echo "Pulling from DVC remote '$$remote' (what it has; dvc repro makes the rest)."; \
+	  $(DVC) pull --run-cache --allow-missing \
+	    || echo "warning: dvc pull from '$$remote' failed; dvc repro rebuilds what is missing."; \
+	else echo "No default DVC remote (.dvc/config): nothing to pull; dvc repro rebuilds every output."; fi
 
 repro: env
 	$(DVC) repro
@@ -69,6 +79,17 @@ diff-all: env
 	@python -m quantpipe.machine compare $(REV)
 	$(DVC) metrics diff --md $(REV)
 	$(DVC) params diff --md $(REV)
+
+# The review Markdown of the work tree against REV (scripts/review.sh): the comment CI posts on a
+# pull request (.github/workflows/review.yml).
+review: env
+	@bash scripts/review.sh $(REV)
+
+# The regression gate: the work tree's metrics against REV's, with the tolerances of params.yaml
+# `review` (quantpipe/review.py). One line per breach and exit 1 when accuracy, speed (same kind
+# of machine only), size or a report gate regressed.
+gate: env
+	@python -m quantpipe.review gate $(REV)
 
 plots: env
 	$(DVC) plots show -o plots

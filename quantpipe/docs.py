@@ -411,6 +411,53 @@ def scale_table(record: dict) -> str:
                       "", *_table(head, body)])
 
 
+# speedup_family (quantpipe/review.py) -> what it is, in the spread table.
+SPREAD_FAMILIES = {
+    "speedup": "`speedup.bsN` (ONNX Runtime, the first `bench.threads`)",
+    "by_threads": "`by_threads.threadsT.speedup.bsN`",
+    "best": "`best.latency.bsN.speedup` (the recommendation's)",
+    "throughput": "`throughput_speedup`, `best.throughput.speedup`",
+    "per_engine": "`runtimes.<engine>.*` (each engine's own)",
+    "vs_bf16": "`*_vs_bf16`",
+}
+
+
+def spread_table(record: dict) -> str:
+    """metrics/spread.json (scripts/spread.py): how far what the gate compares moved with
+    nothing changed but the run, the seed or the machine."""
+    from quantpipe.review import GATED_SPEEDUPS
+
+    families = record["speedup"]["families"]
+    body = []
+    for family, title in SPREAD_FAMILIES.items():
+        if family in families:
+            worst = families[family]
+            values = ", ".join(f"{v:.2f}" for v in worst["values"])
+            body.append([f"speedups: {title}", "yes" if family in GATED_SPEEDUPS else "no",
+                         f"-{worst['largest_fall']:.1%}", f"`{worst['path']}`: x{values}"])
+    accuracy = record["accuracy"]
+
+    def widest(pp: dict[str, float]) -> list[str]:
+        path = max(pp, key=lambda k: abs(pp[k]))
+        return [f"{abs(pp[path]):.2f} pp", f"`{path}`" if pp[path] else "every row"]
+
+    body.append([f"accuracy: the pipeline re-run ({len(accuracy['rerun_pp'])} rows)", "yes",
+                 *widest(accuracy["rerun_pp"])])
+    seeds = ", ".join(map(str, accuracy["seeds"]))
+    body.append([f"accuracy: seeds {seeds} (split and training)", "yes",
+                 *widest(accuracy["seed_range_pp"])])
+    other = accuracy.get("other_machine")
+    if other:
+        body.append([f"accuracy: measured on {other['machine'].split(';')[0]} ({other['rev']})", "yes",
+                     *widest(other["diff_pp"])])
+    return "\n".join([f"Measured on {record['machine']}: bench of unchanged models run "
+                      f"{record['bench_runs']} times (largest fall between two runs, 1 - min/max, "
+                      "with the values of the worst figure); accuracy re-run, re-trained with "
+                      "other seeds (largest range) and measured on another machine (largest "
+                      "difference).", "",
+                      *_table(["what", "gated", "largest change", "worst, values"], body)])
+
+
 def render(name: str, root: Path) -> str:
     read = lambda rel: json.loads((root / rel).read_text())  # noqa: E731
     if name == "default":
@@ -438,6 +485,8 @@ def render(name: str, root: Path) -> str:
         return ort_amx_table(read("metrics/ort_amx.json"))
     if name == "scale":
         return scale_table(read("metrics/scale.json"))
+    if name == "spread":
+        return spread_table(read("metrics/spread.json"))
     raise ValueError(f"unknown generated block {name!r}")
 
 

@@ -227,27 +227,36 @@ def _fastest_then_most_accurate(summary: dict, candidates: list[str], bs: str) -
 
 def check_gates(summary: dict, gates: GatesParams) -> list[str]:
     """Human-readable gate failures; empty when all gates hold."""
-    failures = [f"{variant} failed: {summary[variant]['failed']}" for variant in quantized_of(summary)
-                if "failed" in summary[variant]]
+    return list(gate_failures(summary, gates).values())
+
+
+def gate_failures(summary: dict, gates: GatesParams) -> dict[str, str]:
+    """The failed gates, '<variant> <gates key>' -> what failed: the key says which gate failed
+    for which variant whatever the figures (`make gate` compares two revisions' keys)."""
+    failures = {f"{variant} failed": f"{variant} failed: {summary[variant]['failed']}"
+                for variant in quantized_of(summary) if "failed" in summary[variant]}
     _, drop_key, unit, gate = score_keys(summary)
     for variant in quantized_of(summary):
         drop = summary[variant][drop_key]
         if drop > getattr(gates, gate):
-            failures.append(f"{variant} {'mAP' if unit == 'points' else 'accuracy'} drop "
-                            f"{drop:.2f} {unit} > gates.{gate} = {getattr(gates, gate)}"
-                            + (f"; {DETECTION_INVESTIGATION}" if unit == "points" else ""))
+            failures[f"{variant} gates.{gate}"] = (
+                f"{variant} {'mAP' if unit == 'points' else 'accuracy'} drop "
+                f"{drop:.2f} {unit} > gates.{gate} = {getattr(gates, gate)}"
+                + (f"; {DETECTION_INVESTIGATION}" if unit == "points" else ""))
     speedups = summary["static"]["speedup"]
     largest = max(speedups, key=lambda k: int(k[2:]))
     if speedups[largest] < gates.min_static_speedup:
-        failures.append(f"static speedup x{speedups[largest]:.2f} at {largest} < "
-                        f"gates.min_static_speedup = {gates.min_static_speedup}")
+        failures["static gates.min_static_speedup"] = (
+            f"static speedup x{speedups[largest]:.2f} at {largest} < "
+            f"gates.min_static_speedup = {gates.min_static_speedup}")
     if gates.max_peak_rss_mb is not None:
         for variant, entry in variants_of(summary).items():
             peaks = entry.get("peak_rss_mb", {})
             worst = max(peaks, key=peaks.get, default=None)
             if worst is not None and peaks[worst] > gates.max_peak_rss_mb:
-                failures.append(f"{variant} peak RSS {peaks[worst]:.1f} MB at {worst} > "
-                                f"gates.max_peak_rss_mb = {gates.max_peak_rss_mb}")
+                failures[f"{variant} gates.max_peak_rss_mb"] = (
+                    f"{variant} peak RSS {peaks[worst]:.1f} MB at {worst} > "
+                    f"gates.max_peak_rss_mb = {gates.max_peak_rss_mb}")
     return failures
 
 
@@ -470,6 +479,16 @@ def _kernels_section(rows: dict[str, dict], titles: dict[str, str]) -> list[str]
 def _recommendation(summary: dict, notes: list[str]) -> list[str]:
     """The first lines: what to ship per batch size, then every note on INT8 that does not pay
     (or gains less than it could) with its evidence."""
+    lines = recommended_lines(summary)
+    if notes:
+        lines += (["", "**Where INT8 does not pay (or pays less)**:", ""] if lines else []) \
+            + [f"- {n}" for n in notes]
+    return [*lines, ""] if lines else []
+
+
+def recommended_lines(summary: dict) -> list[str]:
+    """What to ship per batch size and why, and the variants that failed their stage's check:
+    the head of report.md, and of the review comment on a pull request."""
     lines = []
     titles = summary["runtimes"]
     for bs, r in summary.get("recommended", {}).items():
@@ -484,10 +503,7 @@ def _recommendation(summary: dict, notes: list[str]) -> list[str]:
     if failed:
         lines += ["", "**Failed** (measured below, left out of the recommendation; the gates "
                   "fail on it):", "", *[f"- `{v}`: {why}" for v, why in failed.items()]]
-    if notes:
-        lines += (["", "**Where INT8 does not pay (or pays less)**:", ""] if lines else []) \
-            + [f"- {n}" for n in notes]
-    return [*lines, ""] if lines else []
+    return lines
 
 
 def _threads_title(count: int, machine: dict) -> str:

@@ -2,7 +2,7 @@
 # Code review of a pipeline change: what the work tree (a PR's head in CI) changed against a
 # base revision, as Markdown a reviewer (or a CI job posting a PR comment) can read.
 #
-#   scripts/review.sh [BASE [PLOTS_DIR]]
+#   scripts/review.sh [BASE [PLOTS_DIR]]        (make review REV=BASE)
 #
 #   BASE       git revision to compare with. Default: origin/main if it exists, else main.
 #              A remote-tracking ref that is not there yet (a shallow CI checkout) is fetched
@@ -10,13 +10,17 @@
 #   PLOTS_DIR  where `dvc plots diff` writes its HTML. Default: plots/review (git-ignored).
 #
 # Run it from anywhere inside the repository, with `dvc` on PATH (source .venv/bin/activate).
-# Prints, in order:
-#   1. the DVC remote data fetch for the comparison, or why it was skipped;
-#   2. `dvc metrics diff --md BASE`  - changed metrics (summary.json, eval/bench JSON, ...),
-#      preceded by a line saying whether BASE and the workspace were measured on the same kind
-#      of machine (CPU, INT8 ISA flags, cores, onnxruntime/torch versions: metrics/machine.json);
-#   3. `dvc params diff --md BASE`   - changed params.yaml keys;
-#   4. where `dvc plots diff BASE` wrote index.html (latency, accuracy vs size, confusion, ...).
+# Prints the DVC remote data fetch for the comparison, or why it was skipped (stderr), then
+# (stdout, the comment .github/workflows/review.yml posts on the pull request):
+#   1. whether BASE and the workspace were measured on the same kind of machine (CPU, INT8 ISA
+#      flags, cores, runtime versions: metrics/machine.json);
+#   2. the regression gate's verdict (`make gate REV=BASE`, quantpipe/review.py): its breaches,
+#      or that it passed; a breach does not stop this script (CI's gate step fails on it);
+#   3. `dvc metrics diff --md --targets metrics/summary.json BASE` - the summary's changed
+#      metrics (`make diff-all` shows every metrics file);
+#   4. `dvc params diff --md BASE`   - changed params.yaml keys;
+#   5. the report's recommended lines (what to ship per batch size) of the workspace;
+#   6. where `dvc plots diff BASE` wrote index.html (latency, accuracy vs size, confusion, ...).
 #
 # What needs a pull: metrics and plots of this project are `cache: false`, i.e. committed to
 # git, so metrics diff and plots diff need nothing from remote storage. The fetch below only
@@ -25,10 +29,8 @@
 # and covers the work tree's revision. For BASE, `dvc plots diff` reads cached plot data of an
 # old revision straight from the default remote when it is not in the local cache.
 #
-# CI example (GitHub Actions, after checkout and installing requirements):
-#   - run: bash scripts/review.sh origin/${{ github.base_ref }} > review.md
-# with the remote's credentials in the job's environment (AWS_ACCESS_KEY_ID, ...), never in
-# .dvc/config.
+# The remote's credentials come from the environment (AWS_ACCESS_KEY_ID, ... from CI secrets)
+# or .dvc/config.local, never from .dvc/config.
 set -euo pipefail
 
 if ! command -v dvc >/dev/null; then
@@ -79,20 +81,30 @@ else
 fi
 
 short=$(git rev-parse --short "$base")
-echo "## Metrics: workspace vs $base ($short)"
+echo "## quantpipe review: workspace vs $base ($short)"
 echo
 # Latency, throughput and memory belong to the machine that measured them: say so first.
-# (quantpipe.machine needs only the standard library, so any python3 will do.)
-python3 -m quantpipe.machine compare "$base"
+"$dvc_python" -m quantpipe.machine compare "$base"
 echo
-dvc metrics diff --md "$base"
+# Exit 1 is a breach, said in the Markdown; anything else (2: bad params, no metrics) stops here.
+"$dvc_python" -m quantpipe.review gate "$base" || [[ $? -eq 1 ]]
 echo
-echo "## Params: workspace vs $base ($short)"
+echo "### Metrics (metrics/summary.json)"
 echo
-dvc params diff --md "$base"
+changed=$(dvc metrics diff --md --targets metrics/summary.json -- "$base")
+echo "${changed:-No summary metric changed.}"
 echo
-echo "## Plots"
+echo "### Params"
+echo
+changed=$(dvc params diff --md "$base")
+echo "${changed:-No param changed.}"
+echo
+echo "### Recommended (workspace)"
+echo
+"$dvc_python" -m quantpipe.review recommended
+echo
+echo "### Plots"
 echo
 mkdir -p "$plots_dir"  # dvc plots diff -o does not create missing parent folders
 dvc plots diff "$base" -o "$plots_dir" >/dev/null  # its stdout is just the file:// URL
-echo "Plots of workspace vs $base: $(pwd)/$plots_dir/index.html"
+echo "Plots of workspace vs $base: \`$plots_dir/index.html\` (in CI: the build artifact \`review\`)."

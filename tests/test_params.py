@@ -264,6 +264,8 @@ def test_qoperator_and_percentile_parse():
     ({"train": {"lr": 0.0}}, "train.lr", "(0, 10)"),
     ({"export": {"opset": 11}}, "export.opset", "18..23"),
     ({"gates": {"max_accuracy_drop_pp": -1}}, "gates.max_accuracy_drop_pp", ">= 0"),
+    ({"review": {"max_accuracy_drop_pp": -0.1}}, "review.max_accuracy_drop_pp", ">= 0 (percentage points)"),
+    ({"review": {"max_speedup_regression": 15}}, "review.max_speedup_regression", "[0, 1), e.g. 0.35"),
     ({"evaluate": {"batch_consistency_atol": {"static": 0}}},
      "evaluate.batch_consistency_atol.static", "> 0"),
     ({"quantize_qat": {"epochs": 0}}, "quantize_qat.epochs", ">= 1"),

@@ -154,5 +154,5 @@ def test_local_directory_remote_round_trip(tmp_path, pipeline_run):
                             timeout=300)
     assert review.returncode == 0, review.stdout + review.stderr
     assert "Fetching cached metrics and plots from DVC remote 'local'" in review.stderr
-    assert "## Metrics: workspace vs origin/main" in review.stdout
+    assert review.stdout.startswith("## quantpipe review: workspace vs origin/main")
     assert (b / "plots/review/index.html").is_file()

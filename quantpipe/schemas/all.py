@@ -19,6 +19,7 @@ from quantpipe.schemas.prepare import PrepareParams
 from quantpipe.schemas.quantize_dynamic import QuantizeDynamicParams
 from quantpipe.schemas.quantize_qat import QuantizeQATParams
 from quantpipe.schemas.quantize_static import QuantizeStaticParams
+from quantpipe.schemas.review import ReviewParams
 from quantpipe.schemas.runtime import RuntimeParams
 from quantpipe.schemas.simplify import SimplifyParams
 from quantpipe.schemas.train import TrainParams
@@ -39,6 +40,7 @@ class Params:
     evaluate: EvaluateParams = field(default_factory=EvaluateParams)
     bench: BenchParams = field(default_factory=BenchParams)
     gates: GatesParams = field(default_factory=GatesParams)
+    review: ReviewParams = field(default_factory=ReviewParams)
 
 
 def load_params(path: Path = params.PARAMS_FILE) -> Params:
