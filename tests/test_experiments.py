@@ -249,18 +249,22 @@ def test_review_script_reports_metrics_and_param_changes(baseline, tmp_path):
     def check(proc: subprocess.CompletedProcess, base: str) -> None:
         out = proc.stdout
         assert "No default DVC remote configured: skipping the pull" in proc.stderr
-        metrics = out.split("## Metrics")[1].split("## Params")[0]
-        # Both sides were measured here: the review says so before the numbers.
+        head, rest = out.split("### Metrics (metrics/summary.json)")
+        # Both sides were measured here: the review says so before the numbers, then the gate.
+        assert f"## quantpipe review: workspace vs {base} (" in head.splitlines()[0]
         assert f"Machine: {base} and the workspace were measured on the same kind of machine" \
-            in metrics, metrics
+            in head.splitlines()[2], head
+        assert re.search(rf"^\*\*Gate (passed|failed)\*\*: .* against {re.escape(base)} ", head, re.M), head
+        metrics, rest = rest.split("### Params")
         assert re.search(rf"^\| Path +\| Metric +\| {re.escape(base)} +\| workspace +\| Change",
                          metrics, re.M), metrics
         assert re.search(r"^\| metrics/summary\.json +\| static\.\S+ ", metrics, re.M), metrics
-        params = out.split("## Params")[1]
+        params, recommended = rest.split("### Recommended (workspace)")
         assert re.search(r"^\| params\.yaml +\| quantize_static\.calibrate_method +\| MinMax +"
                          r"\| Percentile +\|", params, re.M), params
+        assert "**Recommended** (by latency" in recommended
         html = clone / "plots/review/index.html"
-        assert f"{html}" in out and html.stat().st_size > 0
+        assert "`plots/review/index.html`" in out and html.stat().st_size > 0
 
     check(review(), "origin/main")  # the default base: origin/main, the clone's upstream
     # A CI checkout without the base branch: review.sh fetches it from origin first.

@@ -203,6 +203,7 @@ SCHEMA_READERS = {
     "evaluate": EVALUATE,
     "bench": {*BENCH, "bench_torch", *EVALUATE},  # evaluate: bench.runtimes, bf16's engine
     "gates": {"report"},
+    "review": set(),  # make gate's tolerances: no stage reads them
     "detect": {"train", "export", "quantize_static", "quantize_qat", *EVALUATE, *BENCH,
                "bench_torch"},
 }

@@ -267,7 +267,8 @@ def test_the_pipeline_job_runs_on_a_pull_request(published, tmp_path):
 
     # The job's environment, as the workflow sets it; the virtualenv is this one (VIRTUAL_ENV), and
     # `make env` is left out: it would install this copy of quantpipe into it.
-    env = {**os.environ, "VIRTUAL_ENV": sys.prefix, "BASE_REF": "main", "DVC_NO_ANALYTICS": "1"}
+    env = {**{k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")},
+           "VIRTUAL_ENV": sys.prefix, "BASE_REF": "main", "DVC_NO_ANALYTICS": "1"}
     outputs = {}
     for step in workflow_steps("pipeline"):
         command = step.get("run")
