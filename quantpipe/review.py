@@ -141,7 +141,6 @@ def judge(base: Revision, head: Revision, review: ReviewParams, gates: GatesPara
     for key, message in gate_failures(head.summary, gates).items():
         if key not in held_then:
             verdict.breaches.append(f"report gate: {message} (held at {base.name})")
-    verdict.checked["gates"] = 1
 
     machines = _machine_change(base, head)
     if machines:
@@ -223,10 +222,10 @@ def gate(rev: str, root: Path = Path(".")) -> tuple[Verdict | None, str]:
     if base is None:
         return None, f"Gate: {rev} has no {SUMMARY}: nothing to compare with, passed."
     verdict = judge(base, head, review, gates)
-    checked = ", ".join(f"{n} {what}" for what, n in verdict.checked.items())
+    checked = ", ".join(f"{n} {what}" for what, n in verdict.checked.items()) + " checks and the report gates"
     lines = [f"**Gate failed**: {len(verdict.breaches)} regression(s) of the workspace against {base.name}:"
              if verdict.breaches else
-             f"**Gate passed**: the workspace against {base.name} ({checked} checks)."]
+             f"**Gate passed**: the workspace against {base.name} ({checked})."]
     lines += [f"- {b}" for b in verdict.breaches] + [f"- {n}" for n in verdict.notes]
     return verdict, "\n".join(lines)
 
