@@ -32,6 +32,7 @@ import yaml
 
 from quantpipe.machine import describe
 from quantpipe.report import _table, score_keys  # report.md's table layout and score keys
+from quantpipe.review import GATED_SPEEDUPS  # which speedups make gate judges
 
 # The documents that hold generated tables.
 DOCUMENTS = ("README.md", "docs/*.md")
@@ -425,8 +426,6 @@ SPREAD_FAMILIES = {
 def spread_table(record: dict) -> str:
     """metrics/spread.json (scripts/spread.py): how far what the gate compares moved with
     nothing changed but the run, the seed or the machine."""
-    from quantpipe.review import GATED_SPEEDUPS
-
     families = record["speedup"]["families"]
     body = []
     for family, title in SPREAD_FAMILIES.items():

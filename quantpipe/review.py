@@ -96,14 +96,11 @@ def speedup_family(path: str) -> str | None:
     return "other"
 
 
-def speedups(summary: dict, families: tuple[str, ...] = GATED_SPEEDUPS) -> dict[str, float]:
-    """The speedups of the variants that may ship instead of FP32 (INT8 and bf16), by path."""
-    out = {}
-    for variant in candidates_of(summary):
-        for path, value in flatten(summary[variant], variant).items():
-            if speedup_family(path) in families:
-                out[path] = value
-    return out
+def speedups(summary: dict) -> dict[str, float]:
+    """The gated speedups of the variants that may ship instead of FP32 (INT8 and bf16), by path."""
+    return {path: value for variant in candidates_of(summary)
+            for path, value in flatten(summary[variant], variant).items()
+            if speedup_family(path) in GATED_SPEEDUPS}
 
 
 def scores(summary: dict) -> dict[str, float]:
@@ -121,21 +118,21 @@ def judge(base: Revision, head: Revision, review: ReviewParams, gates: GatesPara
     """The gate: every breach of review's tolerances from base to head, one line each."""
     verdict = Verdict()
     unit = score_keys(head.summary)[2]
-    was, now = scores(base.summary), scores(head.summary)
-    for path in sorted(was.keys() & now.keys()):
+    was, now, common = _both(scores, base, head)
+    for path in common:
         drop = (was[path] - now[path]) * 100
         if drop > review.max_accuracy_drop_pp:
             verdict.breaches.append(
                 f"{path}: {was[path]:.4f} at {base.name} -> {now[path]:.4f} in {head.name} "
                 f"(-{drop:.2f} {unit} > review.max_accuracy_drop_pp = {review.max_accuracy_drop_pp})")
-    verdict.checked["accuracy"] = len(was.keys() & now.keys())
+    verdict.checked["accuracy"] = len(common)
 
-    was, now = size_ratios(base.summary), size_ratios(head.summary)
-    for path in sorted(was.keys() & now.keys()):
+    was, now, common = _both(size_ratios, base, head)
+    for path in common:
         if now[path] > was[path]:
             verdict.breaches.append(f"{path}: {was[path]:.3f} at {base.name} -> {now[path]:.3f} "
                                     f"in {head.name} (the model grew against FP32)")
-    verdict.checked["size"] = len(was.keys() & now.keys())
+    verdict.checked["size"] = len(common)
 
     held_then = gate_failures(base.summary, gates)
     for key, message in gate_failures(head.summary, gates).items():
@@ -147,20 +144,27 @@ def judge(base: Revision, head: Revision, review: ReviewParams, gates: GatesPara
         verdict.notes.append(f"Timing not compared: {machines}. Judging accuracy, size and "
                              "gates alone; re-measure both on one machine to compare speed.")
     else:
-        was, now = speedups(base.summary), speedups(head.summary)
-        for path in sorted(was.keys() & now.keys()):
+        was, now, common = _both(speedups, base, head)
+        for path in common:
             fall = 1 - now[path] / was[path] if was[path] > 0 else 0.0
             if fall > review.max_speedup_regression:
                 verdict.breaches.append(
                     f"{path}: x{was[path]:.2f} at {base.name} -> x{now[path]:.2f} in {head.name} "
                     f"(-{fall:.0%} > review.max_speedup_regression = {review.max_speedup_regression:.0%})")
-        verdict.checked["speedup"] = len(was.keys() & now.keys())
+        verdict.checked["speedup"] = len(common)
 
     for side, other in ((base, head), (head, base)):
         gone = sorted(set(variants_of(side.summary)) - set(variants_of(other.summary)))
         if gone:
             verdict.notes.append(f"Not compared: {', '.join(gone)} (measured in {side.name} only).")
     return verdict
+
+
+def _both(figures, base: Revision, head: Revision) -> tuple[dict, dict, list[str]]:
+    """figures(summary) of both sides, and the paths both have, sorted (one line per breach in
+    a stable order)."""
+    was, now = figures(base.summary), figures(head.summary)
+    return was, now, sorted(was.keys() & now.keys())
 
 
 def _machine_change(base: Revision, head: Revision) -> str | None:

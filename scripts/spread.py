@@ -28,7 +28,7 @@ import json
 from pathlib import Path
 
 from quantpipe.io import VARIANTS, write_json
-from quantpipe.review import flatten, speedup_family, scores
+from quantpipe.review import at_revision, flatten, scores, speedup_family
 from quantpipe.studies import clone, dvc, set_params
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,13 +62,11 @@ def speedup_spread(runs: list[dict]) -> dict:
 
 def other_machine(rev: str) -> dict:
     """The committed accuracies against those rev measured on its machine, in pp."""
-    from quantpipe.machine import describe, recorded_machine
-    from quantpipe.review import git_show
+    from quantpipe.machine import describe
 
-    theirs = json.loads(git_show(rev, "metrics/summary.json", ROOT))
-    machine = recorded_machine({p: git_show(rev, p, ROOT) for p in ("metrics/machine.json",)})
-    ours, other = scores(summary(ROOT)), scores(theirs)
-    return {"rev": rev, "machine": describe(machine or theirs.get("machine", {})),
+    theirs = at_revision(rev, ROOT)
+    ours, other = scores(summary(ROOT)), scores(theirs.summary)
+    return {"rev": rev, "machine": describe(theirs.machine or {}),
             "diff_pp": {p: round((other[p] - ours[p]) * 100, 2) for p in ours if p in other}}
 
 

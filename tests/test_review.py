@@ -203,6 +203,13 @@ def workflow_steps(job: str) -> list[dict]:
     return jobs[job]["steps"]
 
 
+def make_target(command: str) -> str:
+    """The target of a `make [options] TARGET [VAR=...]` step."""
+    words = command.split()
+    assert words[0] == "make", command
+    return next(w for w in words[1:] if not w.startswith("-"))
+
+
 def make_targets() -> set[str]:
     phony = re.search(r"^\.PHONY: (.*)$", (ROOT / "Makefile").read_text(), re.M).group(1)
     return set(phony.split())
@@ -214,15 +221,11 @@ def test_every_workflow_step_is_a_make_target():
     for job in ("pipeline", "test"):
         for step in workflow_steps(job):
             if "run" in step:
-                words = step["run"].split()
-                assert words[0] == "make", step
-                target = next(w for w in words[1:] if not w.startswith("-"))
-                assert target in make_targets(), step
+                assert make_target(step["run"]) in make_targets(), step
             else:
                 assert step["uses"].split("/")[0] in ("actions", "marocchino"), step
     runs = [s["run"] for s in workflow_steps("pipeline") if "run" in s]
-    assert [r.split()[1 if r.split()[1] != "-s" else 2] for r in runs] == \
-        ["env", "pull", "repro", "review", "gate"]
+    assert [make_target(r) for r in runs] == ["env", "pull", "repro", "review", "gate"]
     assert [s["run"] for s in workflow_steps("test") if "run" in s] == ["make test"]
 
 
@@ -277,7 +280,7 @@ def test_the_pipeline_job_runs_on_a_pull_request(published, tmp_path):
         done = subprocess.run(["bash", "-e", "-c", command.replace("make ", "make -o env ", 1)],
                               cwd=checkout, env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, f"{command}\n{done.stdout}\n{done.stderr}"
-        outputs[command.split()[1 if command.split()[1] != "-s" else 2]] = done.stdout
+        outputs[make_target(command)] = done.stdout
 
     assert "Pulling from DVC remote 'storage'" in outputs["pull"]
     assert "Running stage 'report'" in outputs["repro"]
