@@ -76,6 +76,8 @@ class DataInfo:
     # image_size. What a deployment must do to its own images before normalizing them.
     resize: int | None = None
     crop: int | None = None
+    # Detection: the grey level the letterbox padded with (None: 0, black).
+    pad_value: int | None = None
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
@@ -148,16 +150,39 @@ def stratified_split(y: np.ndarray, val_fraction: float, test_fraction: float,
     return {s: np.sort(np.concatenate(p)) for s, p in parts.items()}
 
 
+def declared_split(declared: dict[str, np.ndarray], y: np.ndarray, val_fraction: float,
+                   seed: int) -> dict[str, np.ndarray]:
+    """A dataset's own splits (name -> indices; train and val and/or test) as prepare's: test
+    is its test split, else its val (the images its own validator scores, e.g. `yolo val`);
+    val is its val beside a test split, else a stratified val_fraction of its train (what the
+    quantization criterion judges on; never the images the reported score comes from)."""
+    train = np.sort(declared["train"])
+    if "val" in declared and "test" in declared:
+        return {"train": train, "val": np.sort(declared["val"]), "test": np.sort(declared["test"])}
+    held = np.sort(declared["test"] if "test" in declared else declared["val"])
+    rng = np.random.default_rng(seed)
+    carved = []
+    for cls in np.unique(y[train]):
+        idx = rng.permutation(train[y[train] == cls])
+        carved.append(idx[:int(round(len(idx) * val_fraction))])
+    val = np.sort(np.concatenate(carved))
+    if not len(val):  # a tiny train split still leaves the criterion an image to judge on
+        val = train[rng.integers(len(train))][None]
+    return {"train": np.setdiff1d(train, val), "val": val, "test": held}
+
+
 def draw_calibration(train: Split, size: int, seed: int) -> Split:
     """`size` samples drawn without replacement from the train split (never from test)."""
     return train.take(calibration_indices(len(train), size, seed))
 
 
 def calibration_indices(n_train: int, size: int, seed: int) -> np.ndarray:
-    """Sorted indices into the train split of the calibration samples."""
+    """Sorted indices into the train split of the calibration samples: `size` of them, or half
+    the train split when it holds fewer than `size` (a dataset of a few hundred images with
+    the default calib_size): the other half stays the pool the quantization criterion judges
+    agreement on."""
     if size > n_train:
-        raise UserError(f"prepare.calib_size = {size} is larger than the train split "
-                        f"({n_train} samples); use at most {n_train}")
+        size = max(1, n_train // 2)
     # A separate stream from the split's, so changing calib_size never moves the split.
     rng = np.random.default_rng([seed, 1])
     return np.sort(rng.choice(n_train, size=size, replace=False))
@@ -171,10 +196,10 @@ def compute_info(source: str, train: Split, num_classes: int,
     if mean_std is None:
         mean, std = channel_mean_std(train.x)
     else:
-        mean, std = mean_std
-        if len(mean) != channels or len(std) != channels:
-            raise UserError(f"prepare.mean/prepare.std have {len(mean)}/{len(std)} values; "
-                            f"the images have {channels} channel(s)")
+        from quantpipe.modelinfo import broadcast
+
+        mean, std = (broadcast(tuple(v), channels, f"prepare.{k}")
+                     for v, k in zip(mean_std, ("mean", "std")))
     return DataInfo(source=source, num_classes=num_classes, channels=channels,
                     image_size=train.x.shape[-1],
                     mean=tuple(round(float(m), 6) for m in mean),
@@ -250,8 +275,10 @@ def save_splits(directory: Path, splits: dict[str, Split], info: DataInfo) -> No
 
 
 def write_info(directory: Path, info: DataInfo) -> None:
-    # resize/crop only when set: a dataset prepared without them keeps its meta.json (and hash).
-    meta = {k: v for k, v in asdict(info).items() if v is not None or k not in ("resize", "crop")}
+    # resize/crop/pad_value only when set: a dataset prepared without them keeps its meta.json
+    # (and hash).
+    meta = {k: v for k, v in asdict(info).items()
+            if v is not None or k not in ("resize", "crop", "pad_value")}
     (directory / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
 
 

@@ -56,6 +56,9 @@ class Transform:
     # a folder mixing grey and colour is an error); None converts every image.
     native: int | None = None
     first: Path | None = None   # the image `native` came from, for that error
+    # Detection: letterboxed to size x size instead (aspect kept, centred, padded with this
+    # grey level; quantpipe.detection.data.letterbox).
+    pad_value: int | None = None
 
 
 def list_folder(root: Path) -> Folder:
@@ -112,6 +115,10 @@ def decode(path: Path, t: Transform) -> np.ndarray:
             return hwc[None] if hwc.ndim == 2 else hwc.transpose(2, 0, 1)
         hwc = np.asarray(img)
         chw = hwc[None] if hwc.ndim == 2 else hwc.transpose(2, 0, 1)
+        if t.pad_value is not None:
+            from quantpipe.detection.data import letterbox
+
+            return letterbox(chw, t.size, t.pad_value)[0]
         from quantpipe.data import resize
 
         return resize(chw[None], t.size)[0]
@@ -136,26 +143,29 @@ def _decode_rows(writer: NpyWriter, start: int, files: list[Path],
     return len(files), high_water_mb()
 
 
-def decode_into(folder: Folder, parts: dict[str, np.ndarray], directory: Path, t: Transform,
+def decode_into(folder: Folder | tuple[Path, ...], parts: dict[str, np.ndarray], directory: Path, t: Transform,
                 workers: int | None = None, progress: bool = True) -> tuple[dict[str, Path], float | None]:
-    """Decode the files of each split (parts: split name -> sorted file indices) into
+    """Decode the files (a folder's, or a list) of each split (parts: split name -> sorted file
+    indices) into
     directory/<split>_x.npy, rows in index order. workers: processes (None: one per core the
     process may run on; 1: this process). Returns the files written and the largest worker's
     peak RSS in MB (None without workers)."""
     from tqdm import tqdm
 
+    files = folder.files if isinstance(folder, Folder) else folder
+    root = folder.root if isinstance(folder, Folder) else os.path.commonpath(files)
     tasks, written = [], {}
     for name, idx in parts.items():
         path = directory / f"{name}_x.npy"
         writer = NpyWriter(path, (len(idx), t.channels, t.size, t.size))
         written[name] = path
         for start in range(0, len(idx), CHUNK):
-            tasks.append((writer, start, [folder.files[i] for i in idx[start:start + CHUNK]], t))
+            tasks.append((writer, start, [files[i] for i in idx[start:start + CHUNK]], t))
     total = sum(len(idx) for idx in parts.values())
     workers = workers or len(os.sched_getaffinity(0))
     if total < PARALLEL_FROM:
         workers = 1
-    bar = tqdm(total=total, unit="img", desc=f"prepare: decoding {folder.root}",
+    bar = tqdm(total=total, unit="img", desc=f"prepare: decoding {root}",
                disable=not progress, smoothing=0.1)
     pool, peak = None, None
     try:

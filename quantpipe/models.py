@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from quantpipe.errors import UserError
+from quantpipe.modelinfo import INPUTS_DIR, ONNX_PREFIX, onnx_source  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     from quantpipe.data import Normalized
@@ -69,23 +70,6 @@ def torchvision_names() -> list[str]:
     import torchvision
 
     return sorted(torchvision.models.list_models(module=torchvision.models))
-
-
-# `train.model: onnx:<path>` brings an ONNX model trained elsewhere; kept under this folder,
-# which the export stage depends on, so replacing the file re-runs the pipeline.
-ONNX_PREFIX = "onnx:"
-INPUTS_DIR = Path("inputs")
-
-
-def onnx_source(name: str) -> Path | None:
-    """The ONNX file named by `onnx:<path>`, or None for a model trained here."""
-    if not name.startswith(ONNX_PREFIX):
-        return None
-    path = Path(name[len(ONNX_PREFIX):])
-    if path.is_absolute() or INPUTS_DIR not in path.parents:
-        raise UserError(f"train.model = {name!r}: put the model under {INPUTS_DIR}/ (e.g. "
-                        f"onnx:{INPUTS_DIR}/model.onnx) so DVC tracks it as a dependency")
-    return path
 
 
 def weights_source(weights: str, model: str) -> Path:

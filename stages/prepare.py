@@ -8,14 +8,18 @@ decoded in parallel straight into the split files (quantpipe.imagefolder), with 
 
 import dataclasses
 import json
+import sys
 import time
 
 import numpy as np
 
-from quantpipe import data, imagefolder, params, sources
+from quantpipe import data, imagefolder, modelinfo, params, sources
 from quantpipe.detection import data as detection_data
+from quantpipe.detection import listing as detection_listing
+from quantpipe.errors import UserError
 from quantpipe.io import atomic_path, resources, run_stage, stage_args, write_json
 from quantpipe.schemas.prepare import PrepareParams
+from quantpipe.schemas.train import TrainParams
 from quantpipe.storage import NpyRows
 
 # Detection: the test split's ground truth in COCO instances format, beside the arrays, so the
@@ -25,46 +29,68 @@ TEST_ANNOTATIONS = "test_annotations.json"
 
 def main(argv: list[str]) -> None:
     args = stage_args("prepare", argv, "prepared", "calibration", "metrics")
-    p, seed = params.load(PrepareParams), params.seed()
+    p, seed, stated = model_params(params.load(PrepareParams), params.load(TrainParams))
     start = time.perf_counter()
-    category_ids, class_names, folder, workers_peak = None, None, None, None
-    if p.task == "detection":
-        x, objects, class_names, category_ids = detection_data.load_detection_source(
-            p.source, p.path, p.channels, p.image_size)
+    category_ids, class_names, folder, workers_peak, declared = None, None, None, None, {}
+    if p.task == "detection" and p.source != "digits_detection":
+        # Listed first (boxes, declared splits), decoded after the split, in parallel, straight
+        # into the split files, like an image folder.
+        listing = detection_listing.list_source(p.source, p.path, p.channels, p.image_size)
+        class_names, category_ids, declared = (listing.class_names, listing.category_ids,
+                                               listing.declared)
         num_classes = len(class_names)
-        full = data.Split(x=x, y=detection_data.strata(objects, num_classes),
-                          objects=tuple(objects))
+        folder = listing.files
+        objects = listing.objects
+        y = detection_data.strata(objects, num_classes)
+        transform = imagefolder.Transform(listing.channels, p.image_size, pad_value=p.pad_value)
+    elif p.task == "detection":
+        x, canvas_objects, class_names, category_ids = detection_data.load_digits_detection(
+            p.channels, p.image_size)
+        num_classes = len(class_names)
+        full = data.Split(x=x, y=detection_data.strata(canvas_objects, num_classes),
+                          objects=tuple(canvas_objects))
         y = full.y
     elif p.source == "imagefolder":
         # Decoded after the split, in parallel, straight into the split files: a folder larger
         # than memory never is in memory.
-        folder = imagefolder.list_folder(sources.source_root(p.source, p.path))
-        class_names, y = folder.classes, folder.y
+        image_folder = imagefolder.list_folder(sources.source_root(p.source, p.path))
+        class_names, y = image_folder.classes, image_folder.y
         num_classes = data.check_labels(y, p.path)
+        folder = image_folder
+        transform = imagefolder.transform_for(image_folder, p.channels, p.image_size, p.resize,
+                                              p.crop)
     else:
         full, class_names = sources.load_source(p.source, p.path, p.channels, p.image_size,
                                              p.resize, p.crop)
         num_classes = data.check_dataset(full, p.path or p.source)
         y = full.y
-    parts = data.stratified_split(y, p.val_fraction, p.test_fraction, seed=seed)
-    # Before anything is written: a calib_size larger than the train split stops here.
+    if stated is not None:
+        modelinfo.check_classes(stated.class_names, class_names, stated.by,
+                                p.path or p.source)
+    parts = (data.declared_split(declared, y, p.val_fraction, seed=seed) if declared else
+             data.stratified_split(y, p.val_fraction, p.test_fraction, seed=seed))
     calib_index = data.calibration_indices(len(parts["train"]), p.calib_size, seed=seed)
+    if len(calib_index) < p.calib_size:
+        print(f"warning: prepare.calib_size = {p.calib_size} is more than the train split's "
+              f"{len(parts['train'])} images: calibrating on half of them ({len(calib_index)}), "
+              "the other half judges the quantized models", file=sys.stderr)
 
     with atomic_path(args.prepared, is_dir=True) as tmp:
         if folder is not None:
-            t = imagefolder.transform_for(folder, p.channels, p.image_size, p.resize, p.crop)
-            written, workers_peak = imagefolder.decode_into(folder, parts, tmp, t)
-            splits = {name: data.Split(x=NpyRows(written[name]), y=y[idx])
+            written, workers_peak = imagefolder.decode_into(folder, parts, tmp, transform)
+            splits = {name: data.Split(x=NpyRows(written[name]), y=y[idx], objects=None if
+                                       p.task != "detection" else tuple(objects[i] for i in idx))
                       for name, idx in parts.items()}
             for name, idx in parts.items():  # which image went where, for tracing a prediction
-                (tmp / f"{name}_files.txt").write_text(
-                    "".join(f"{folder.relative(i)}\n" for i in idx))
+                (tmp / f"{name}_files.txt").write_text("".join(
+                    f"{_relative(folder, i, p.path)}\n" for i in idx))
         else:
             splits = {name: full.take(idx) for name, idx in parts.items()}
         info = dataclasses.replace(
             data.compute_info(p.source, splits["train"], num_classes, class_names,
                               None if p.mean is None else (p.mean, p.std)),
-            task=p.task, category_ids=category_ids, resize=p.resize, crop=p.crop)
+            task=p.task, category_ids=category_ids, resize=p.resize, crop=p.crop,
+            pad_value=p.pad_value or None)
         data.save_splits(tmp, splits, info)
         if p.task == "detection":
             (tmp / TEST_ANNOTATIONS).write_text(json.dumps(detection_data.coco_ground_truth(
@@ -75,15 +101,41 @@ def main(argv: list[str]) -> None:
         # quantize_static scores models on the train images that did not calibrate them.
         np.save(tmp / data.CALIB_INDEX, calib_index)
     sizes = {name: len(idx) for name, idx in parts.items()}
-    objects = {f"{name}_objects": sum(map(len, split.objects)) for name, split in splits.items()
-               if split.objects is not None}
+    counts = {f"{name}_objects": sum(map(len, split.objects)) for name, split in splits.items()
+              if split.objects is not None}
     write_json(args.metrics, {
         "source": p.source, "num_classes": num_classes, "input_shape": list(info.input_shape),
         **{f"{name}_samples": n for name, n in sizes.items()},
-        "calib_samples": len(calib), **({"task": p.task, **objects} if objects else {}),
+        "calib_samples": len(calib), **({"task": p.task, **counts} if counts else {}),
+        **({"declared_splits": {s: len(i) for s, i in declared.items()}} if declared else {}),
+        **({"preprocessing_from": stated.by} if stated else {}),
         "resources": resources(sum(sizes.values()), time.perf_counter() - start, workers_peak)})
     print(f"prepare: {', '.join(f'{n} {k}' for n, k in sizes.items())}, "
           f"calibration {len(calib)} -> {args.prepared}, {args.calibration}")
+
+
+def model_params(p: PrepareParams, train: TrainParams):
+    """prepare's params completed by what a brought model states (quantpipe.modelinfo), the
+    seed, and the statement. A brought ONNX that states nothing needs prepare.mean/std."""
+    brought = modelinfo.onnx_source(train.for_task(p.task).model)
+    stated = modelinfo.stated(brought) if brought else None
+    if stated is not None and stated.task != p.task:
+        raise UserError(f"{brought}: a {stated.task} model ({stated.by}); set prepare.task: "
+                        f"{stated.task}")
+    if brought is not None and stated is None and p.mean is None:
+        raise UserError(f"{brought} states no preprocessing (no metadata quantpipe reads) and "
+                        "prepare.mean/prepare.std are null: set them to what the model was "
+                        "trained with, e.g. -S prepare.mean=imagenet, -S prepare.mean=unit "
+                        "(pixel/255 as it is), or one value per channel")
+    return p.for_model(stated), params.seed(), stated
+
+
+def _relative(folder, i: int, path: str | None) -> str:
+    """File i of an image folder or a detection listing, relative to prepare.path."""
+    if isinstance(folder, imagefolder.Folder):
+        return folder.relative(i)
+    return folder[i].relative_to(path).as_posix() if path else folder[i].as_posix()
+
 
 if __name__ == "__main__":
     run_stage(main)

@@ -95,13 +95,11 @@ def test_changing_calib_size_does_not_change_the_split(labels):
     assert len(calib_a) == 10 and len(calib_b) == 60
 
 
-def test_calibration_larger_than_train_is_a_user_error():
+def test_calibration_larger_than_train_takes_half_of_it_leaving_the_pool_the_rest():
     train = _ided(20)
     assert len(data.draw_calibration(train, 20, seed=0)) == 20  # exactly all is fine
-    with pytest.raises(UserError) as info:
-        data.draw_calibration(train, 21, seed=0)
-    assert "prepare.calib_size" in str(info.value)
-    assert "20" in str(info.value)
+    assert len(data.draw_calibration(train, 21, seed=0)) == 10  # a small dataset: half
+    assert len(data.draw_calibration(_ided(1), 5, seed=0)) == 1
 
 
 # --- compute_info / normalize -----------------------------------------------------------------

@@ -17,8 +17,8 @@ from PIL import Image
 from conftest import TINY_PARAMS, dvc, make_project, set_params
 from quantpipe import data, sources
 from quantpipe.detection import coco, post
-from quantpipe.detection.data import (coco_ground_truth, digit_canvases, letterbox,
-                                      load_detection_source, strata)
+from quantpipe.detection.data import coco_ground_truth, digit_canvases, letterbox, strata
+from quantpipe.detection.listing import load_folder as load_detection_source
 
 DETECTION_PARAMS = {**TINY_PARAMS, "prepare": {"task": "detection", "calib_size": 64},
                     "train": {"epochs": 2}}
@@ -582,7 +582,9 @@ def test_the_detector_brought_as_yolo_layout_onnx_scores_what_it_scored_trained_
 
     repo = copy_project(detection_run, tmp_path / "onnx")
     shutil.copy(repo / "models/fp32.onnx", repo / "inputs/detector.onnx")
-    set_params(repo, {"train": {"model": "onnx:inputs/detector.onnx"}})
+    meta = json.loads((repo / "data/prepared/meta.json").read_text())
+    set_params(repo, {"train": {"model": "onnx:inputs/detector.onnx"},
+                      "prepare": {"mean": meta["mean"], "std": meta["std"]}})
     dvc(repo, "repro")
     before = json.loads((detection_run / "metrics/eval/fp32.json").read_text())
     after = json.loads((repo / "metrics/eval/fp32.json").read_text())
@@ -610,3 +612,24 @@ def test_a_detection_folder_runs_end_to_end(tmp_path, source):
     assert ids == (set(range(11, 21)) if source == "coco" else set(range(1, 11)))
     dets = json.loads((repo / "data/detections/static.json").read_text())
     assert {d["category_id"] for d in dets} <= ids
+
+
+def test_a_hundred_image_dataset_runs_end_to_end_with_the_defaults(tmp_path):
+    """The smallest supported set: 100 canvases in Ultralytics' layout with declared splits,
+    quantpipe's defaults for detection (tiny_detector, calib_size 256 > its train split, QAT's
+    two epochs of a few steps); only the bench is shortened."""
+    from quantpipe.detection import folders
+
+    repo = make_project(tmp_path / "repo", {"prepare": {
+        "task": "detection", "source": "yolo", "path": "inputs/small"},
+        "bench": TINY_PARAMS["bench"], "gates": {"enforce": False}})
+    folders.write_folder("yolo", repo / "inputs" / "small", size=64, classes=10, images=100)
+    result = dvc(repo, "repro", timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    prepare = json.loads((repo / "metrics/prepare.json").read_text())
+    assert prepare["declared_splits"] == {"train": 70, "val": 15, "test": 15}
+    assert prepare["calib_samples"] == 35  # half the train split
+    summary = json.loads((repo / "metrics/summary.json").read_text())
+    for variant in ("fp32", "dynamic", "static", "qat"):
+        assert 0 <= summary[variant]["map_50_95"] <= 1, variant
+    assert "recommended" in summary

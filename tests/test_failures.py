@@ -170,9 +170,6 @@ PARAM_CASES = [
      ["quantize_static.engine: 'tensorrt' is not allowed", "['onnxruntime', 'nncf']"]),
     (("bench", "fp32"), {"bench": {"runtimes": ["onnxruntime", "tensorrt"]}},
      ["bench.runtimes: 'tensorrt' is not allowed", "['onnxruntime', 'openvino']"]),
-    # Valid on its own, impossible with the data: found by prepare after loading the dataset.
-    (("prepare",), {"prepare": {"calib_size": 4000}},
-     ["prepare.calib_size = 4000", "larger than the train split (3500 samples)", "at most 3500"]),
 ]
 
 
@@ -184,7 +181,7 @@ def test_bad_params_stop_the_stage_with_one_line_and_write_nothing(with_params, 
     repo = with_params(changes)
     before = snapshot(repo)
     line = error_line(run_script(repo, *args))
-    assert line.startswith("error: params.yaml: ") or "calib_size" in line
+    assert line.startswith("error: params.yaml: ")
     for text in expected:
         assert text in line
     assert snapshot(repo) == before  # not even a data/ or metrics/ directory
@@ -192,7 +189,7 @@ def test_bad_params_stop_the_stage_with_one_line_and_write_nothing(with_params, 
 
 
 @pytest.mark.parametrize("args, changes", [
-    (("prepare",), {"prepare": {"calib_size": 4000}}),
+    (("prepare",), {"prepare": {"calib_size": 0}}),
     (("quantize_static",), {"quantize_static": {"calibrate_method": "minmax"}}),
 ])
 def test_bad_params_with_debug_show_the_traceback(with_params, args, changes):

@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import TINY_PARAMS, make_project, reproduce
+from conftest import TINY_PARAMS, make_project, reproduce, set_params
 from helpers import TwoConvNet, export_to, trained_on
 from quantpipe import data, models, onnxutil, sources
 from quantpipe.errors import UserError
@@ -242,6 +242,8 @@ def test_pipeline_with_a_brought_onnx_model(tmp_path):
     torch.manual_seed(0)
     net = trained_on(TwoConvNet(1, 8, 10), data.normalize(split.x[:600], info), split.y[:600], steps=40)
     export_to(net, (1, 8, 8), repo / "inputs" / "model.onnx")
+    # The file states no preprocessing: params say what it was trained with.
+    set_params(repo, {"prepare": {"mean": list(info.mean), "std": list(info.std)}})
     ran = reproduce(repo)
     assert ran == ALL_STAGES
     assert json.loads((repo / "metrics/train.json").read_text())["skipped"]

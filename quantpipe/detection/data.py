@@ -130,194 +130,41 @@ def coco_ground_truth(objects: tuple[np.ndarray, ...], size: int,
             "categories": [{"id": c, "name": n} for c, n in zip(category_ids, names)]}
 
 
-def letterbox(img: np.ndarray, size: int) -> tuple[np.ndarray, float, int, int]:
-    """(C, H, W) uint8 -> (C, size, size): resized to fit, aspect kept, centred on black (as
-    Ultralytics' letterbox); and the scale and x/y offsets that map a box onto it."""
+def letterbox(img: np.ndarray, size: int, pad: int = 0) -> tuple[np.ndarray, float, int, int]:
+    """(C, H, W) uint8 -> (C, size, size): resized to fit, aspect kept, centred on grey level
+    `pad` (Ultralytics pads with 114); and the scale and x/y offsets that map a box onto it."""
     from quantpipe.data import resize_to
 
     c, h, w = img.shape
-    scale = size / max(h, w)
-    nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
-    out = np.zeros((c, size, size), np.uint8)
-    top, left = (size - nh) // 2, (size - nw) // 2
+    scale, left, top, nh, nw = letterbox_geometry(h, w, size)
+    out = np.full((c, size, size), pad, np.uint8)
     out[:, top:top + nh, left:left + nw] = resize_to(img[None], nh, nw)[0]
     return out, scale, left, top
 
 
-def _read_image(path: Path, channels: int | None, where: str) -> np.ndarray:
-    """(C, H, W) uint8; channels None keeps grey as grey and anything else as RGB."""
-    from PIL import Image, UnidentifiedImageError
-
-    from quantpipe.data import channels_of
-
-    try:
-        with Image.open(path) as img:
-            img.load()
-            want = channels or channels_of(img)
-            arr = np.asarray(img.convert("L" if want == 1 else "RGB"))
-    except FileNotFoundError:
-        raise UserError(f"{where}: image {path} not found; add it or remove its record") from None
-    except (UnidentifiedImageError, OSError) as e:
-        raise UserError(f"{path}: cannot be decoded ({type(e).__name__}); replace it or remove "
-                        f"its record from {where}") from None
-    return arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
+def letterbox_geometry(h: int, w: int, size: int) -> tuple[float, int, int, int, int]:
+    """Where an h x w image lands in the size x size letterbox: scale, left, top, new h, new w."""
+    scale = size / max(h, w)
+    nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
+    return scale, (size - nw) // 2, (size - nh) // 2, nh, nw
 
 
-def _check_box(x1: float, y1: float, x2: float, y2: float, w: int, h: int, where: str) -> None:
-    if x2 - x1 <= 0 or y2 - y1 <= 0:
-        raise UserError(f"{where}: box has non-positive width or height "
-                        f"({x2 - x1:g} x {y2 - y1:g}); fix or drop the record")
-    slack = 1.0  # a pixel of rounding at the border, as exporters leave it
-    if x1 < -slack or y1 < -slack or x2 > w + slack or y2 > h + slack:
-        raise UserError(f"{where}: box ({x1:g}, {y1:g}, {x2:g}, {y2:g}) lies outside its "
-                        f"{w}x{h} image; fix the record")
-
-
-def _letterboxed(img: np.ndarray, boxes: list[list[float]], size: int
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    """An image (C, H, W) and its boxes (x1, y1, x2, y2, class) letterboxed to size x size."""
-    h, w = img.shape[1:]
-    out, scale, left, top = letterbox(img, size)
+def letterbox_boxes(boxes: list[list[float]], h: int, w: int, size: int) -> np.ndarray:
+    """Boxes (x1, y1, x2, y2, class) of an h x w image, moved onto its size x size letterbox."""
+    scale, left, top, _, _ = letterbox_geometry(h, w, size)
     o = np.asarray(boxes, np.float64).reshape(-1, 5)
     o[:, [0, 2]] = np.clip(o[:, [0, 2]], 0, w) * scale + left
     o[:, [1, 3]] = np.clip(o[:, [1, 3]], 0, h) * scale + top
-    return out, o.astype(np.float32)
+    return o.astype(np.float32)
 
 
-def _one_channel_count(images: list[np.ndarray], root: Path, channels: int | None) -> None:
-    kinds = {im.shape[0] for im in images}
-    if channels is None and len(kinds) > 1:
-        raise UserError(f"{root}: images with 1 and 3 channels; set prepare.channels to 1 or 3 "
-                        "to convert them all")
+def load_digits_detection(channels: int | None, size: int):
+    """The embedded canvases (prepare.source digits_detection): images (N, C, size, size) uint8,
+    objects per image, class names, category ids."""
+    from quantpipe.data import load_mnist5k
 
-
-def load_coco(root: Path, channels: int | None, size: int):
-    """A folder with images/ and annotations.json (COCO instances): letterboxed images, objects,
-    class names and the COCO category ids (class index i is categories[i], sorted by id)."""
-    import json
-
-    ann_path = root / "annotations.json"
-    try:
-        doc = json.loads(ann_path.read_text())
-        images, anns, cats = doc["images"], doc.get("annotations", []), doc["categories"]
-    except FileNotFoundError:
-        raise UserError(f"{ann_path}: not found; prepare.source = coco reads images/ and "
-                        "annotations.json (COCO instances format) from prepare.path") from None
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise UserError(f"{ann_path}: not a COCO instances file ({type(e).__name__}: {e}); it "
-                        "needs images, annotations and categories") from None
-    cats = sorted(cats, key=lambda c: c["id"])
-    index = {c["id"]: i for i, c in enumerate(cats)}
-    by_image: dict = {im["id"]: [] for im in images}
-    for a in anns:
-        where = f"{ann_path}: annotation id {a.get('id')}"
-        if a.get("category_id") not in index:
-            raise UserError(f"{where}: category_id {a.get('category_id')} is not among the "
-                            f"categories ({sorted(index)}); fix the record or add the category")
-        if a.get("image_id") not in by_image:
-            raise UserError(f"{where}: image_id {a.get('image_id')} is not among the images")
-        by_image[a["image_id"]].append(a)
-    xs, objects = [], []
-    for im in images:
-        arr = _read_image(root / "images" / im["file_name"], channels,
-                          f"{ann_path} (image id {im['id']})")
-        h, w = arr.shape[1:]
-        boxes = []
-        for a in by_image[im["id"]]:
-            x, y, bw, bh = a["bbox"]
-            _check_box(x, y, x + bw, y + bh, w, h,
-                       f"{ann_path}: annotation id {a.get('id')} (image {im['file_name']})")
-            boxes.append([x, y, x + bw, y + bh, index[a["category_id"]]])
-        boxed, placed = _letterboxed(arr, boxes, size)
-        xs.append(boxed)
-        objects.append(placed)
-    if not xs:
-        raise UserError(f"{ann_path}: no images")
-    _one_channel_count(xs, root, channels)
-    return (np.stack(xs), objects, tuple(str(c["name"]) for c in cats),
-            tuple(int(c["id"]) for c in cats))
-
-
-def load_yolo(root: Path, channels: int | None, size: int):
-    """Ultralytics' layout: data.yaml (names), images/ and labels/ (one .txt per image, lines
-    `class cx cy w h` normalized to 0..1; no file or an empty one: no objects)."""
-    import yaml
-
-    from quantpipe.data import IMAGE_SUFFIXES
-
-    spec_path = root / "data.yaml"
-    try:
-        names = yaml.safe_load(spec_path.read_text())["names"]
-    except FileNotFoundError:
-        raise UserError(f"{spec_path}: not found; prepare.source = yolo reads data.yaml, images/ "
-                        "and labels/ from prepare.path") from None
-    except (yaml.YAMLError, KeyError, TypeError) as e:
-        raise UserError(f"{spec_path}: no class names ({type(e).__name__}: {e}); it needs "
-                        "`names:` (a list, or a mapping id: name)") from None
-    if isinstance(names, dict):
-        ids = sorted(int(k) for k in names)
-        if ids != list(range(len(ids))):
-            raise UserError(f"{spec_path}: names ids {ids} must be 0..{len(ids) - 1}")
-        names = [names[k] for k in sorted(names, key=int)]
-    image_dir, label_dir = root / "images", root / "labels"
-    files = sorted(f for f in image_dir.rglob("*") if f.is_file()
-                   and f.suffix.lower() in IMAGE_SUFFIXES) if image_dir.is_dir() else []
-    if not files:
-        raise UserError(f"{image_dir}: no images ({', '.join(IMAGE_SUFFIXES)})")
-    stems = {f.relative_to(image_dir).with_suffix("") for f in files}
-    for label in sorted(label_dir.rglob("*.txt")) if label_dir.is_dir() else []:
-        if label.relative_to(label_dir).with_suffix("") not in stems:
-            raise UserError(f"{label}: no image of that name under {image_dir}; add the image "
-                            "or remove the label file")
-    xs, objects = [], []
-    for f in files:
-        arr = _read_image(f, channels, str(image_dir))
-        h, w = arr.shape[1:]
-        label = (label_dir / f.relative_to(image_dir)).with_suffix(".txt")
-        boxes = []
-        lines = label.read_text().splitlines() if label.exists() else []
-        for n, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            where = f"{label}:{n}"
-            try:
-                cls, cx, cy, bw, bh = line.split()
-                cls = int(cls)
-                cx, cy, bw, bh = float(cx) * w, float(cy) * h, float(bw) * w, float(bh) * h
-            except ValueError:
-                raise UserError(f"{where}: expected `class cx cy w h` (class an integer, the "
-                                f"rest normalized numbers), got {line.strip()!r}") from None
-            if not 0 <= cls < len(names):
-                raise UserError(f"{where}: class {cls} is not in {spec_path}'s names "
-                                f"(0..{len(names) - 1})")
-            _check_box(cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2, w, h, where)
-            boxes.append([cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2, cls])
-        boxed, placed = _letterboxed(arr, boxes, size)
-        xs.append(boxed)
-        objects.append(placed)
-    _one_channel_count(xs, root, channels)
-    return np.stack(xs), objects, tuple(str(n) for n in names), tuple(range(1, len(names) + 1))
-
-
-def load_detection_source(source: str, path: str | None, channels: int | None, size: int):
-    """images (N, C, size, size) uint8, objects per image, class names, category ids."""
-    x, objects, names, ids = _load(source, path, channels, size)
-    if not any(len(o) for o in objects):
-        raise UserError(f"{path or source}: no image has an object; a detector needs boxes")
-    return x, objects, names, ids
-
-
-def _load(source: str, path: str | None, channels: int | None, size: int):
-    if source == "digits_detection":
-        from quantpipe.data import load_mnist5k
-
-        digits = load_mnist5k()
-        x, objects, _ = digit_canvases(digits.x, digits.y, size)
-        if channels == 3:
-            x = np.repeat(x, 3, axis=1)
-        return x, objects, tuple(str(d) for d in range(10)), tuple(range(1, 11))
-    root = Path(path or "")
-    if not path or not root.is_dir():
-        raise UserError(f"prepare.path = {path!r}: not a directory; prepare.source = {source} "
-                        "reads its data from there")
-    return (load_coco if source == "coco" else load_yolo)(root, channels, size)
+    digits = load_mnist5k()
+    x, objects, _ = digit_canvases(digits.x, digits.y, size)
+    if channels == 3:
+        x = np.repeat(x, 3, axis=1)
+    return x, objects, tuple(str(d) for d in range(10)), tuple(range(1, 11))

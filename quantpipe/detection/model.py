@@ -149,6 +149,16 @@ def detection_loss(raw: tuple[torch.Tensor, torch.Tensor], centres: torch.Tensor
     return loss
 
 
+def one_cycle(optimizer: torch.optim.Optimizer, lr: float, steps: int):
+    """OneCycleLR with a tenth of the steps warming up, and at least two: with fewer, torch
+    divides by a warm-up of zero steps (a few hundred images at batch 32: 2 epochs x 5 steps).
+    Under four steps there is no cycle to run: the learning rate stays at lr."""
+    if steps < 4:
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=steps,
+                                               pct_start=max(0.1, 2.0 / steps))
+
+
 def train_detector(model: nn.Module, x_train: np.ndarray, obj_train: tuple[np.ndarray, ...],
                    x_val: np.ndarray, obj_val: tuple[np.ndarray, ...], *,
                    epochs: int, batch_size: int, lr: float, seed: int,
@@ -163,8 +173,7 @@ def train_detector(model: nn.Module, x_train: np.ndarray, obj_train: tuple[np.nd
     torch.manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
     steps = epochs * max(1, len(x_train) // batch_size)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=steps,
-                                                   pct_start=0.1)
+    schedule = one_cycle(optimizer, lr, steps)
     history, step = [], 0
     for epoch in range(1, epochs + 1):
         start = time.perf_counter()
