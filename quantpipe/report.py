@@ -15,6 +15,10 @@ CANDIDATES = (*QUANTIZED, "bf16")
 RECORDS = ("machine", "runtimes", "skipped", "recommended", "task")
 # Below this FP32 latency (ms) per-run overhead, not arithmetic, decides INT8 vs FP32.
 TINY_MODEL_MS = 0.05
+# A quantized model that keeps more than this share of its multiply-accumulates in float
+# (quantize_static.json: mac_share_int8) computes mostly in float: that, not its kernels, is
+# why it is not faster.
+MOSTLY_FLOAT = 0.5
 
 
 # The task's score, its drop against FP32 and the drop's unit and gate (summary["task"]).
@@ -280,15 +284,24 @@ def tolerance_notes(summary: dict, gates: GatesParams) -> list[str]:
 
 
 def slowdown_notes(summary: dict, evals: dict[str, dict], machine: dict,
-                   profiles: dict[str, dict] | None = None) -> list[str]:
-    """One line per quantized variant that is slower than FP32 somewhere, saying why.
+                   profiles: dict[str, dict] | None = None,
+                   stages: dict[str, dict] | None = None) -> list[str]:
+    """One line per quantized variant that is slower than FP32 somewhere, saying why; and one
+    per variant that keeps most of its MACs in float, whatever its speed, since that is why it
+    cannot be much faster.
 
     profiles: variant -> the kernel_profile of its bench JSON (optional), the evidence for a
-    slowdown that no setting explains.
+    slowdown that no setting explains. stages: variant -> its quantize stage's metrics
+    (optional; quantize_static.json's mac_share_int8 and macs_by_op_type).
     """
     notes = []
     flags = machine.get("cpu_flags", {})
     for variant in quantized_of(summary):
+        stage = (stages or {}).get(variant, {})
+        mostly_float = float_compute_note(variant, summary[variant], stage)
+        if mostly_float:
+            notes.append(mostly_float)
+            continue
         slow = [k for k, v in summary[variant]["speedup"].items() if v < 1.0]
         if not slow:
             continue
@@ -313,8 +326,28 @@ def slowdown_notes(summary: dict, evals: dict[str, dict], machine: dict,
             if rest:
                 parts.append(f"at {', '.join(rest)} " + _kernel_cause(variant, profiles or {}))
             why = "; ".join(parts)
+        # What its stage measured: the INT8 kernels had the arithmetic to gain on.
+        if stage.get("mac_share_int8") is not None:
+            why += f" ({stage['mac_share_int8']:.1%} of its MACs run in INT8)"
         notes.append(f"{variant} is slower than FP32 at {', '.join(slow)}: {why}.")
     return notes
+
+
+def float_compute_note(variant: str, entry: dict, stage: dict) -> str | None:
+    """'static keeps 98% of its MACs in float (Conv 98%, MatMul 2%) ...': the measured reason a
+    quantized model is not faster, when its stage recorded that most of its multiply-accumulates
+    run in float (mac_share_int8 below 1 - MOSTLY_FLOAT); None otherwise."""
+    share = stage.get("mac_share_int8")
+    if share is None or 1 - share <= MOSTLY_FLOAT:
+        return None
+    by_op = ", ".join(f"{op} {s:.0%}" for op, s in stage.get("macs_by_op_type", {}).items())
+    speed = ", ".join(f"x{v:.2f} at {bs}" for bs, v in entry["speedup"].items())
+    types = ", ".join(stage.get("op_types_to_quantize") or []) or "every op type"
+    why = f" ({stage['op_selection']})" if stage.get("op_selection") else ""
+    return (f"{variant} keeps {1 - share:.0%} of its MACs in float ({by_op} of its MACs), so INT8 "
+            f"can speed up at most the other {share:.0%} of its arithmetic ({speed} against "
+            f"FP32): quantize_static.json's op_types_to_quantize is {types}{why}, "
+            f"{len(stage.get('nodes_in_float', []))} compute node(s) in float (nodes_in_float).")
 
 
 def thread_scaling_notes(summary: dict) -> list[str]:

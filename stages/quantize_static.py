@@ -20,7 +20,7 @@ import numpy as np
 from quantpipe import criterion, data, onnxutil, params, representative
 from quantpipe.engines import registry
 from quantpipe.engines.base import StaticJob
-from quantpipe.engines.graph import check_calibration
+from quantpipe.engines.graph import check_calibration, mac_summary
 from quantpipe.errors import UserError
 from quantpipe.io import atomic_path, resources, run_stage, stage_args, write_json
 from quantpipe.schemas.detect import DetectParams
@@ -131,6 +131,9 @@ def main(argv: list[str]) -> None:
             "engine": result.engine, **settings,
             "nodes_excluded": list(p.nodes_to_exclude),
             "fallback_nodes": result.fallback_nodes, "nodes_in_float": result.nodes_in_float,
+            # Where the arithmetic is and how much of it the written model runs in INT8: the
+            # report's reason when static is not faster (mac_share_int8, macs_by_op_type).
+            **mac_summary(static, info.input_shape),
             **({"task": "detection", "decode_in_float": result.tail_in_float,
                 "fp32_val_map_50_95": round(fp32_val_accuracy, 6)} if detection else {}),
             "fallback_steps": result.steps,
@@ -161,10 +164,12 @@ def main(argv: list[str]) -> None:
         write_json(args.metrics, metrics)
         write_json(args.sensitivity, result.sensitivity)
     score, unit = ("mAP", "points") if detection else ("accuracy", "pp")
+    share = metrics["mac_share_int8"]
+    int8 = "unknown share" if share is None else f"{share:.1%}"
     print(f"quantize_static: {result.engine}, {result.calibrate_method} on "
           f"{result.calib_samples_used} samples, val {score} drop "
           f"{result.accuracy_drop_pp:.2f} {unit}, pool agreement {last['pool']['agreement']:.2%}, "
-          f"{len(result.nodes_in_float)} compute node(s) in float "
+          f"{len(result.nodes_in_float)} compute node(s) in float, {int8} of MACs in INT8 "
           f"({metrics['seconds']:.1f}s) -> {args.out}")
 
 

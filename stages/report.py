@@ -31,7 +31,7 @@ def main(argv: list[str]) -> None:
     summary["recommended"] = report.recommend(summary, gates)
     profiles = {v: b["kernel_profile"] for v, b in benches.items() if "kernel_profile" in b}
     notes = (report.tolerance_notes(summary, gates)
-             + report.slowdown_notes(summary, evals, summary["machine"], profiles)
+             + report.slowdown_notes(summary, evals, summary["machine"], profiles, stages)
              + report.thread_scaling_notes(summary))
     write_json(metrics / "summary.json", summary)
     markdown = report.render_markdown(summary, notes, profiles)

@@ -277,5 +277,7 @@ def test_explicit_normalization_replaces_train_statistics():
     split = data.Split(np.full((4, 3, 8, 8), 255, np.uint8), np.arange(4) % 2)
     info = data.compute_info("npz", split, 2, mean_std=((0.5, 0.5, 0.5), (0.25, 0.25, 0.25)))
     assert info.mean == (0.5, 0.5, 0.5) and np.allclose(data.normalize(split.x, info), 2.0)
-    with pytest.raises(UserError, match="prepare.mean/prepare.std have 1/1 values; the images have 3"):
-        data.compute_info("npz", split, 2, mean_std=((0.5,), (0.25,)))
+    # One value serves every channel; two for three channels is one line naming the key.
+    assert data.compute_info("npz", split, 2, mean_std=((0.5,), (0.25,))).std == (0.25,) * 3
+    with pytest.raises(UserError, match="prepare.mean has 2 values; the images have 3"):
+        data.compute_info("npz", split, 2, mean_std=((0.5, 0.5), (0.25, 0.25)))

@@ -34,8 +34,9 @@ class StaticJob:
     pool_x: np.ndarray         # normalized pool images (train, not calibration) ...
     pool_ref: np.ndarray       # ... and FP32's top-1 on them: a label-free accuracy metric
     predict: Callable[[onnx.ModelProto, np.ndarray], np.ndarray]  # model, images -> top-1
-    # Keep the nodes after the last compute node (graph.output_tail) in float: a detector's
-    # decode, where one scale over pixels and probabilities costs mAP (detect.float_decode).
+    # Keep the nodes after the last compute node (graph.output_tail, a YOLO DFL conv counting
+    # as decode) in float: a detector's decode, where one scale over pixels and probabilities
+    # costs mAP (detect.float_decode).
     float_tail: bool = False
 
 
@@ -83,6 +84,7 @@ class StaticResult:
         parts = []
         for s in self.steps[1:]:
             what = {"calibration": f"calibrate_method {s['calibrate_method']}",
+                    "attention": f"the attention ({len(s.get('candidate', []))} nodes) in float",
                     "first_last": f"first/last layers {s['nodes_in_float']} in float",
                     "node": f"{s.get('candidate')} in float",
                     "prune": f"{s['calibrate_method']} with {s['nodes_in_float']} in float",

@@ -2,7 +2,8 @@
 and its recovery ladder while the accuracy drop is real.
 
 The defaults are the fast path on x86 (docs/design.md, "Defaults"): QDQ with U8 activations and
-S8 weights, per channel, after quant_pre_process; Gemm/MatMul only on a graph with attention.
+S8 weights, per channel, after quant_pre_process; Gemm/MatMul only on a transformer (attention,
+and Gemm/MatMul holding most of the MACs).
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, 
 from quantpipe.criterion import Judged
 from quantpipe.data import DataInfo, first, normalize
 from quantpipe.engines.base import StaticJob, StaticResult
-from quantpipe.engines.graph import (COMPUTE_OPS, box_nodes, float_compute_nodes, graph_input,
-                                    output_tail, preprocess_checked)
+from quantpipe.engines.graph import (COMPUTE_OPS, box_nodes, describe_mac_share,
+                                    float_compute_nodes, graph_input, mac_share, macs_by_node,
+                                    output_tail, percent, preprocess_checked)
 from quantpipe.errors import UserError
 from quantpipe.schemas.quantize_static import QuantizeStaticParams
 
@@ -279,6 +281,10 @@ ATTENTION_OPS = {"Softmax", "LayerNormalization"}
 # FP32 on test; Gemm/MatMul only 98.9%, at the same speed (x2.7): the Adds, Softmax and
 # LayerNormalization around them lose the most in INT8 and gain the least.
 TRANSFORMER_OP_TYPES = ("Gemm", "MatMul")
+# A graph with attention is a transformer when Gemm/MatMul hold more than this share of its
+# MACs. A CNN with one attention block (YOLO11's C2PSA) holds most in Conv: quantizing
+# Gemm/MatMul only would leave its convs, nearly all its arithmetic, in float (x1.02 at 1 thread).
+TRANSFORMER_MAC_SHARE = 0.5
 
 
 def attention_matmuls(model: onnx.ModelProto) -> list[str]:
@@ -292,17 +298,61 @@ def attention_matmuls(model: onnx.ModelProto) -> list[str]:
             if n.op_type == "MatMul" and not constants & set(n.input[:2])]
 
 
-def static_op_types(model: onnx.ModelProto, requested: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
+# Ops that read a tensor only for its shape: the attention block's reshapes read the block's
+# input through them, which would lead attention_core out of the block.
+SHAPE_OPS = {"Shape", "Size"}
+
+
+def attention_core(model: onnx.ModelProto) -> list[str]:
+    """The attention MatMuls and every node joined to them by tensors without a compute node
+    (or a Shape) in between: the reshapes, split, scale, Softmax and transposes of the block up
+    to the convs around it, in graph order. ORT quantizes a tensor while its producer or any of
+    its consumers is quantized (and runs DQ -> MatMul -> Q as an integer MatMul), so the
+    attention computes in float only when all of these are left in float."""
+    matmuls = attention_matmuls(model)
+    producers = {out: node for node in model.graph.node for out in node.output}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    nodes = {n.name: n for n in model.graph.node}
+    core, todo = set(matmuls), list(matmuls)
+    while todo:
+        node = nodes[todo.pop()]
+        near = [producers[i] for i in node.input if i in producers]
+        near += [c for out in node.output for c in consumers.get(out, [])]
+        for other in near:
+            if other.name not in core and other.op_type not in COMPUTE_OPS | SHAPE_OPS:
+                core.add(other.name)
+                todo.append(other.name)
+    return [n.name for n in model.graph.node if n.name in core]
+
+
+def static_op_types(model: onnx.ModelProto, requested: tuple[str, ...],
+                    sample_shape: tuple[int, ...] | None = None) -> tuple[tuple[str, ...], str]:
     """(op types ORT's quantize_static gets, empty for all; why): what op_types_to_quantize
-    lists, else Gemm/MatMul only on a graph with attention, else every op type."""
+    lists, else Gemm/MatMul only on a transformer (attention, and Gemm/MatMul holding most of
+    the MACs: graph.mac_share, at one sample of sample_shape), else every op type: a CNN with
+    an attention block gets its convs in INT8, its attention MatMuls with them (the ladder's
+    first candidates for float)."""
     if requested:
         return requested, "quantize_static.op_types_to_quantize"
+    macs = macs_by_node(model, sample_shape)
+    shares = mac_share(model, macs)
+    described = describe_mac_share(shares, sum(count is None for count in macs.values()))
     attention = attention_matmuls(model)
-    if attention:
-        return TRANSFORMER_OP_TYPES, (f"attention ({len(attention)} MatMul(s) of two activations "
-                                      f"beside Softmax/LayerNormalization, e.g. {attention[0]}): "
-                                      "Gemm/MatMul only, the transformer default")
-    return (), "every op type ORT quantizes (no attention in the graph)"
+    if not attention:
+        return (), f"{described}: every op type ORT quantizes (no attention in the graph)"
+    found = (f"attention ({len(attention)} MatMul(s) of two activations beside "
+             f"Softmax/LayerNormalization, e.g. {attention[0]})")
+    matmul = sum(shares.get(op, 0.0) for op in TRANSFORMER_OP_TYPES)
+    if not shares:  # no shapes to weigh by: a graph with attention is taken for a transformer
+        return TRANSFORMER_OP_TYPES, f"{found} and {described}: Gemm/MatMul only, the transformer default"
+    if matmul > TRANSFORMER_MAC_SHARE:
+        return TRANSFORMER_OP_TYPES, (f"{found} with Gemm/MatMul {percent(matmul)} of MACs "
+                                      f"({described}): Gemm/MatMul only, the transformer default")
+    return (), (f"{described}: every op type, as Gemm/MatMul hold only {percent(matmul)} of "
+                f"MACs; {found} first back to float if the drop is real")
 
 
 def first_and_last(model: onnx.ModelProto, op_types: tuple[str, ...]) -> list[str]:
@@ -447,19 +497,22 @@ def quantize_static_with_fallback(fp32_path: Path, out_path: Path, calib_x: np.n
                                   float_tail: bool = False) -> StaticResult:
     """quant_pre_process, calibrate and quantize (ORT) the op types static_op_types picks
     (with float_tail, never the nodes after the last compute node: graph.output_tail)
-    (Gemm/MatMul only on a transformer unless p.op_types_to_quantize lists others); then, while
-    check(model) says the accuracy drop is real (quantpipe.criterion), climb the recovery
-    ladder, keeping a change only when it judges better (Judged.score):
+    (Gemm/MatMul only on a transformer, by its share of MACs, unless p.op_types_to_quantize
+    lists others); then, while check(model) says the accuracy drop is real
+    (quantpipe.criterion), climb the recovery ladder, keeping a change only when it judges
+    better (Judged.score):
     1. the other calibration methods, their ranges computed from one pass over the calibration
        set (collect_outputs);
-    2. the first and last quantized layers in float (the usual suspects: raw pixels in, logits
-       out);
+    2. where every op type is quantized and the graph has attention (a CNN with an attention
+       block: static_op_types), the attention in float: its MatMuls, Softmax and the reshapes
+       between them and the convs around them (attention_core); then the first and last
+       quantized layers in float (the usual suspects: raw pixels in, logits out);
     3. per node, up to p.max_fallback_steps rounds (node_round): the p.fallback_candidates
        nodes that add the most quantization noise (SQNR, see sensitivity) are each tried, alone
        and with the nodes that read their output (with_consumers), and the one that regains most
        is kept; a round in which none changes a single prediction or regains anything stops it;
     4. if a node of rung 3 met the criterion, rungs 1-2 are undone where that loses nothing
-       (see prune).
+       (see prune, which also tries the attention back in INT8).
     Rungs 1-2 run only when max_fallback_steps > 0. Writes the kept model to out_path."""
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
@@ -469,7 +522,8 @@ def quantize_static_with_fallback(fp32_path: Path, out_path: Path, calib_x: np.n
         tail = [n for n in dict.fromkeys(output_tail(pre_model) + box_nodes(pre_model))
                 if n not in p.nodes_to_exclude] if float_tail else []
         p = dataclasses.replace(p, nodes_to_exclude=tuple(p.nodes_to_exclude) + tuple(tail))
-        op_types, op_selection = static_op_types(pre_model, p.op_types_to_quantize)
+        op_types, op_selection = static_op_types(pre_model, p.op_types_to_quantize,
+                                                 tuple(calib_x.shape[1:]))
         p = dataclasses.replace(p, op_types_to_quantize=op_types)
         n_calib, extra = calibration_plan(pre_model, p, len(calib_x))
         input_name = graph_input(pre_model).name
@@ -515,6 +569,14 @@ def quantize_static_with_fallback(fp32_path: Path, out_path: Path, calib_x: np.n
                      ("MinMax", "Entropy", "Percentile")]
             del outputs
             best = keep(best, tried)
+        # A CNN's attention, quantized with its convs (static_op_types): the usual suspect of
+        # a CNN with an attention block, whose MatMuls hold little of the arithmetic.
+        core = [n for n in attention_core(pre_model) if n not in best.nodes] if not op_types else []
+        if climb and best.judged.real and core:
+            log.warning("quantize_static: %s; trying the attention %s in float",
+                        best.record["verdict"], core)
+            best = keep(best, [attempt("attention", best.method, best.cache, best.nodes + core,
+                                       candidate=core)])
         ends = [n for n in first_and_last(pre_model, p.op_types_to_quantize) if n not in best.nodes]
         if climb and best.judged.real and ends:
             log.warning("quantize_static: %s; trying the first and last layers %s in float",
@@ -529,7 +591,7 @@ def quantize_static_with_fallback(fp32_path: Path, out_path: Path, calib_x: np.n
                 break
             ranked = [n for n in ranked if n not in best.nodes]
         if not best.judged.real and best.rung == "node":
-            best = prune(best, plain, ends, attempt)
+            best = prune(best, plain, ends + core, attempt)
         os.replace(best.path, out_path)
         in_float = float_compute_nodes(onnx.load(str(out_path)))
     return StaticResult(engine="onnxruntime", steps=steps,
