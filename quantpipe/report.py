@@ -397,10 +397,32 @@ def _kernel_cause(variant: str, profiles: dict[str, dict]) -> str:
               "Troubleshooting")
     if not measured:
         return advice
-    top = profile["top_nodes"][0]
-    return (f"its slowest kernel is {top['op']} {top['node']!r} (profiled at "
-            f"bs{profile['batch_size']}: {top['ms']:.2f} ms, {top['share']:.0%} of its "
-            f"{profile['kernel_ms']:.2f} ms; FP32's kernels take {fp32['kernel_ms']:.2f} ms); {advice}")
+    # Where the time goes, measured: the INT8 convolutions and matrix products against FP32's
+    # float ones, and the op types that take the rest (elementwise INT8 ops such as a SiLU's
+    # QLinearSigmoid/QLinearMul, layout changes, the float decode).
+    compute = lambda by_op: sum(ms for op, ms in by_op.items()  # noqa: E731
+                                if op in HEAVY_OPS or op.startswith(("QLinearConv", "QGemm")))
+    total, heavy, fp32_heavy = profile["kernel_ms"], compute(profile["by_op_ms"]), compute(fp32["by_op_ms"])
+    others = sorted(((ms, op) for op, ms in profile["by_op_ms"].items()
+                     if not (op in HEAVY_OPS or op.startswith(("QLinearConv", "QGemm")))), reverse=True)
+    rest = ", ".join(f"{op} {ms / total:.0%}" for ms, op in others[:3])
+    where = (f"profiled at bs{profile['batch_size']}: {total:.2f} ms of kernels, FP32's "
+             f"{fp32['kernel_ms']:.2f} ms")
+    if heavy >= fp32_heavy:
+        top = profile["top_nodes"][0]
+        return (f"its INT8 convolutions and matrix products themselves take longer than FP32's "
+                f"({heavy:.2f} ms against {fp32_heavy:.2f} ms, {where}; its slowest kernel is "
+                f"{top['op']} {top['node']!r}, {top['ms']:.2f} ms); {advice}")
+    return (f"its convolutions and matrix products take {heavy:.2f} ms in INT8 against FP32's "
+            f"{fp32_heavy:.2f} ms, but only {heavy / total:.0%} of its kernel time ({where}): "
+            f"the rest ({rest}) is ops with little arithmetic per value, where INT8 gains nothing "
+            "or costs (re)quantizing; a model this small spends its time there, a larger one in "
+            "its convolutions")
+
+
+# Op types whose arithmetic INT8 speeds up (ORT's names after its graph optimizations).
+HEAVY_OPS = {"Conv", "FusedConv", "QLinearConv", "ConvInteger", "Gemm", "FusedGemm", "QGemm",
+             "MatMul", "FusedMatMul", "QLinearMatMul", "MatMulInteger", "MatMulIntegerToFloat"}
 
 
 def render_markdown(summary: dict, notes: list[str], profiles: dict[str, dict] | None = None) -> str:
