@@ -78,6 +78,9 @@ class DataInfo:
     crop: int | None = None
     # Detection: the grey level the letterbox padded with (None: 0, black).
     pad_value: int | None = None
+    # Whose conventions the brought model follows, from its metadata ("ultralytics"): how its
+    # mAP is scored (detect.map_protocol). None: quantpipe's.
+    model_family: str | None = None
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
@@ -278,7 +281,7 @@ def write_info(directory: Path, info: DataInfo) -> None:
     # resize/crop/pad_value only when set: a dataset prepared without them keeps its meta.json
     # (and hash).
     meta = {k: v for k, v in asdict(info).items()
-            if v is not None or k not in ("resize", "crop", "pad_value")}
+            if v is not None or k not in ("resize", "crop", "pad_value", "model_family")}
     (directory / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
 
 

@@ -302,6 +302,48 @@ def detection_table(record: dict) -> str:
     return "\n".join(_table(head, body) + ["", note])
 
 
+PEER_NAMES = {("fp32", "onnxruntime"): "quantpipe FP32, ONNX Runtime",
+              ("static", "onnxruntime"): "quantpipe static INT8, ONNX Runtime",
+              ("static", "openvino"): "quantpipe static INT8, OpenVINO",
+              ("ultralytics_openvino_int8", "openvino"):
+                  "Ultralytics OpenVINO INT8 (NNCF, calibrated on train)",
+              ("ultralytics_openvino_int8_calib_val", "openvino"):
+                  "Ultralytics OpenVINO INT8 (NNCF, its default: calibrated on val)",
+              ("ultralytics_openvino_fp32", "openvino"): "Ultralytics OpenVINO FP32"}
+
+
+def yolo_peer_table(record: dict) -> str:
+    """metrics/yolo_peer.json (scripts/yolo_peer.py): quantpipe's static against Ultralytics'
+    own OpenVINO INT8 export, same model, same test images, same timing rounds."""
+    if not record.get("models"):
+        return "No run recorded yet: `python scripts/yolo_peer.py`, then `make docs`."
+    out = []
+    for family, m in record["models"].items():
+        big = next(k for k in m["rows"][0] if k.startswith("p50_ms_all_bs")).rsplit("bs", 1)[1]
+        head = ["model", "mAP@[.5:.95]", "drop (points)", "p50 1 thread bs1", "vs FP32",
+                f"p50 {m['cores']} threads bs{big}", "vs FP32"]
+        body = [[PEER_NAMES.get((r["variant"], r["runtime"]), f"{r['variant']}, {r['runtime']}"),
+                 f"{r['map_50_95']:.4f}", f"{r['map_drop_pts']:.2f}",
+                 _ms(r["p50_ms_1thread_bs1"]), _x(r["speedup_1thread_bs1"]),
+                 _ms(r[f"p50_ms_all_bs{big}"]), _x(r[f"speedup_all_bs{big}"])] for r in m["rows"]]
+        val = m["ultralytics_validator"]["onnx"]
+        gap = "" if "rect_false" not in val else (
+            f" Ultralytics' validator on the same ONNX file and test images: mAP@[.5:.95] "
+            f"{val['rect_false']['map_50_95']:.4f} at imgsz (rect=False), "
+            f"{val['rect_true']['map_50_95']:.4f} by default (rect=True).")
+        green = "green" if m["green_report"] else "failed its gates"
+        out += [f"**{family}** ({m['params']:,} parameters, {m['epochs']} epochs at "
+                f"{record['imgsz']} px): the README's recipe as written ran to a {green} report; "
+                f"{m['mac_share_int8']:.1%} of static's MACs in INT8.{gap}", "",
+                *_table(head, body), ""]
+    cpu = next(iter(record["models"].values()))["cpu"]
+    out.append(f"Measured on {cpu}, in one run (scripts/yolo_peer.py). mAP on the dataset's test "
+               "split, every model scored by quantpipe's decode and COCO evaluation; p50 from "
+               "the same interleaved rounds, OpenVINO models compiled at each batch's static "
+               "shape; vs FP32: FP32 on ONNX Runtime's p50 / the row's.")
+    return "\n".join(out)
+
+
 # (label, variant) rows of the precision table, each on every engine that ran it.
 PRECISIONS = (("FP32", "fp32"), ("BF16 (the FP32 file)", "bf16"), ("INT8 static", "static"),
               ("INT8 QAT", "qat"), ("INT8 dynamic", "dynamic"))
@@ -486,6 +528,9 @@ def render(name: str, root: Path) -> str:
         return scale_table(read("metrics/scale.json"))
     if name == "spread":
         return spread_table(read("metrics/spread.json"))
+    if name == "yolo_peer":
+        path = root / "metrics/yolo_peer.json"
+        return yolo_peer_table(read("metrics/yolo_peer.json") if path.exists() else {})
     raise ValueError(f"unknown generated block {name!r}")
 
 

@@ -50,6 +50,7 @@ def onnx_source(name: str) -> Path | None:
 class Stated:
     """The preprocessing a model's metadata states; None where it says nothing."""
     by: str                                  # e.g. "Ultralytics 8.4.190 (inputs/yolo11n.onnx)"
+    family: str | None = None                # whose conventions it follows: "ultralytics"
     task: str | None = None                  # quantpipe's name: detection, classification
     mean: tuple[float, ...] | None = None    # of pixel/255, one value broadcasting
     std: tuple[float, ...] | None = None
@@ -102,7 +103,7 @@ def _ultralytics(meta: dict[str, str], path: Path) -> Stated:
     if isinstance(names, dict):
         names = [names[k] for k in sorted(names)]
     version = meta.get("version", "")
-    return Stated(by=f"Ultralytics {version} ({path})".replace("  ", " "),
+    return Stated(by=f"Ultralytics {version} ({path})".replace("  ", " "), family="ultralytics",
                   task=ULTRALYTICS_TASKS[task], mean=PRESETS["unit"][0], std=PRESETS["unit"][1],
                   image_size=int(imgsz[0]) if imgsz else None,
                   channels=int(meta.get("channels", 3)),

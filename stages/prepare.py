@@ -90,7 +90,7 @@ def main(argv: list[str]) -> None:
             data.compute_info(p.source, splits["train"], num_classes, class_names,
                               None if p.mean is None else (p.mean, p.std)),
             task=p.task, category_ids=category_ids, resize=p.resize, crop=p.crop,
-            pad_value=p.pad_value or None)
+            pad_value=p.pad_value or None, model_family=stated.family if stated else None)
         data.save_splits(tmp, splits, info)
         if p.task == "detection":
             (tmp / TEST_ANNOTATIONS).write_text(json.dumps(detection_data.coco_ground_truth(

@@ -144,6 +144,7 @@ def test_an_ultralytics_model_on_its_own_dataset_takes_its_splits_and_preprocess
     meta = json.loads((fresh / "data/prepared/meta.json").read_text())
     assert meta["image_size"] == 64 and meta["channels"] == 3 and meta["pad_value"] == 114
     assert meta["mean"] == [0.0] * 3 and meta["std"] == [1.0] * 3
+    assert meta["model_family"] == "ultralytics"  # its mAP is scored as its validator does
     assert np.load(fresh / "data/prepared/test_x.npy").shape[1:] == (3, 64, 64)
     files = (fresh / "data/prepared/test_files.txt").read_text().split()
     assert files and all(f.startswith("images/test/") for f in files)
@@ -182,3 +183,22 @@ def test_a_wide_image_is_letterboxed_on_the_stated_grey(tmp_path):
     out = imagefolder.decode(tmp_path / "wide.png", imagefolder.Transform(3, 64, pad_value=114))
     # 48 x 24 scaled to 64 x 32, centred: grey bands of 16 rows above and below.
     assert (out[:, :16] == 114).all() and (out[:, -16:] == 114).all() and (out[:, 16:48] == 200).all()
+
+
+def test_an_ultralytics_model_is_scored_as_its_validator_scores_it():
+    from quantpipe.detection import post
+    from quantpipe.schemas.detect import DetectParams
+
+    assert DetectParams().for_model("ultralytics").decode_args(for_map=True) == {
+        "score_threshold": 0.001, "iou_threshold": 0.7, "max_detections": 300, "multi_label": True}
+    ours = DetectParams().for_model(None)
+    assert ours.map_protocol == "quantpipe" and "multi_label" not in ours.decode_args(for_map=True)
+    assert DetectParams(map_protocol="quantpipe").for_model("ultralytics").map_protocol == "quantpipe"
+    # One anchor, two classes above the threshold: two candidates multi-label, one otherwise.
+    out = np.array([[[10.0], [10.0], [4.0], [4.0], [0.6], [0.3], [0.0]]], np.float32)
+    assert [len(d) for d in post.decode(out, score_threshold=0.1, iou_threshold=0.7,
+                                        max_detections=300)] == [1]
+    both = post.decode(out, score_threshold=0.1, iou_threshold=0.7, max_detections=300,
+                       multi_label=True)[0]
+    assert sorted(both.labels.tolist()) == [0, 1] and sorted(both.scores.tolist()) == [
+        pytest.approx(0.3), pytest.approx(0.6)]

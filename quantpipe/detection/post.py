@@ -25,9 +25,9 @@ class Detections:
 
 
 def decode(out: np.ndarray, *, score_threshold: float, iou_threshold: float,
-           max_detections: int) -> list[Detections]:
-    """(B, 4 + K, A) -> per image: the best class per anchor, anchors scoring above
-    score_threshold, class-aware NMS at iou_threshold, at most max_detections by score."""
+           max_detections: int, multi_label: bool = False) -> list[Detections]:
+    """(B, 4 + K, A) -> per image: the best class per anchor (multi_label: every class) scoring
+    above score_threshold, class-aware NMS at iou_threshold, at most max_detections by score."""
     import torch
     from torchvision.ops import batched_nms
 
@@ -37,12 +37,17 @@ def decode(out: np.ndarray, *, score_threshold: float, iou_threshold: float,
     result = []
     for image in out:
         scores_all = image[4:]                        # (K, A)
-        labels = scores_all.argmax(0)
-        scores = scores_all[labels, np.arange(scores_all.shape[1])]
-        keep = np.flatnonzero(scores > score_threshold)
+        if multi_label:  # Ultralytics' validator: one candidate per (anchor, class) above it
+            labels, keep = np.nonzero(scores_all > score_threshold)
+            scores = scores_all[labels, keep]
+        else:
+            labels = scores_all.argmax(0)
+            scores = scores_all[labels, np.arange(scores_all.shape[1])]
+            keep = np.flatnonzero(scores > score_threshold)
+            scores, labels = scores[keep], labels[keep]
         cx, cy, w, h = image[:4, keep]
         boxes = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], 1).astype(np.float32)
-        scores, labels = scores[keep].astype(np.float32), labels[keep].astype(np.int64)
+        scores, labels = scores.astype(np.float32), labels.astype(np.int64)
         if len(keep):
             kept = batched_nms(torch.from_numpy(boxes), torch.from_numpy(scores),
                                torch.from_numpy(labels), iou_threshold)[:max_detections].numpy()

@@ -19,6 +19,7 @@ def ground_truth(split: Split, info: DataInfo) -> dict:
 def scored(out: np.ndarray, split: Split, info: DataInfo, p: DetectParams) -> tuple[dict, list[dict]]:
     """COCO metrics of raw outputs (N, 4 + K, A) on a split with objects, and the COCO results
     they were scored from (exactly what a results file holds)."""
+    p = p.for_model(info.model_family)
     dets = coco.results(post.decode(out, **p.decode_args(for_map=True)), info.category_ids)
     return coco.score(ground_truth(split, info), dets), dets
 

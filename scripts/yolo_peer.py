@@ -1,0 +1,211 @@
+#!/usr/bin/env python3
+"""quantpipe against Ultralytics' own INT8, side by side in one run: the numbers behind the peer
+table of docs/detection.md.
+
+For each YOLO of the study (scripts/ultralytics_fixtures.py --study: full-width YOLO11n and
+YOLOv8n trained by Ultralytics on the 128 px digit canvases, exported to ONNX and to OpenVINO
+FP32 and INT8 by Ultralytics' own exporter, its NNCF path calibrated on the val split by
+default and on train), in a clone of this repository:
+
+1. the README's YOLO recipe as written (`dvc repro` with prepare.source yolo, the dataset,
+   train.model onnx:inputs/<model>.onnx): whether the report is green, its mAP and speed;
+2. every model on the same test images scored by quantpipe's own decode and COCO evaluation:
+   quantpipe's FP32 and static (ONNX Runtime and OpenVINO), Ultralytics' OpenVINO FP32 and INT8;
+3. the same models timed in the same interleaved rounds (quantpipe.bench): 1 thread at batch 1
+   and all cores at batch 16, OpenVINO models compiled for each batch's static shape;
+4. Ultralytics' validator on the same ONNX file and test split (its own venv, as a tool:
+   Ultralytics is never a dependency of quantpipe), at imgsz (rect=False) and by default.
+
+    python scripts/yolo_peer.py                    # -> metrics/yolo_peer.json, then make docs
+    python scripts/yolo_peer.py --families yolo11n --workdir /tmp/peer
+
+About 20 minutes a model on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from quantpipe import bench, data
+from quantpipe.detection import task
+from quantpipe.io import write_json
+from quantpipe.schemas.bench import BenchParams
+from quantpipe.schemas.detect import DetectParams
+from quantpipe.studies import clone, repro, set_params
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = Path(os.environ.get("QP_ULTRALYTICS_CACHE", Path.home() / ".cache" / "quantpipe-ultralytics"))
+# The peer's configurations (the issue's): 1 thread at batch 1, all cores at batch 16.
+BATCHES = (1, 16)
+# Ultralytics' exports of the study, by their key in study.json.
+ULTRALYTICS = {"ultralytics_openvino_int8": "openvino_int8_calib_train",
+               "ultralytics_openvino_int8_calib_val": "openvino_int8_calib_val",
+               "ultralytics_openvino_fp32": "openvino_fp32"}
+
+VALIDATE = """
+import json, sys
+from ultralytics import YOLO
+path, data, imgsz = sys.argv[1], sys.argv[2], int(sys.argv[3])
+out = {}
+for rect in (False, True):
+    r = YOLO(path, task="detect").val(data=data, imgsz=imgsz, batch=16, split="test", rect=rect,
+                                      plots=False, device="cpu", verbose=False)
+    out[f"rect_{str(rect).lower()}"] = {"map_50_95": round(float(r.box.map), 4),
+                                        "map_50": round(float(r.box.map50), 4)}
+print("RESULT " + json.dumps(out))
+"""
+
+
+def ultralytics_scores(python: Path, model: Path, data_yaml: Path, imgsz: int) -> dict:
+    """Ultralytics' validator on the test split, run by its own venv's python."""
+    env = {**os.environ, "YOLO_OFFLINE": "1", "YOLO_AUTOINSTALL": "0",
+           "YOLO_CONFIG_DIR": str(CACHE / "config")}
+    done = subprocess.run([str(python), "-c", VALIDATE, str(model), str(data_yaml), str(imgsz)],
+                          capture_output=True, text=True, env=env)
+    line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
+    if line is None:
+        return {"error": (done.stderr.strip().splitlines() or ["no output"])[-1][:300]}
+    return json.loads(line[len("RESULT "):])
+
+
+class StaticShapes:
+    """An OpenVINO model (an IR .xml or an ONNX file) compiled once per batch size at that
+    batch's static shape, with the latency hint and `threads` threads."""
+
+    def __init__(self, path: Path, threads: int) -> None:
+        import openvino as ov
+
+        self.core, self.path, self.threads, self.compiled = ov.Core(), path, threads, {}
+
+    def __call__(self, batch: np.ndarray) -> np.ndarray:
+        n = len(batch)
+        if n not in self.compiled:
+            model = self.core.read_model(str(self.path))
+            model.reshape({model.inputs[0].get_any_name(): list(batch.shape)})
+            self.compiled[n] = self.core.compile_model(model, "CPU", {
+                "PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": self.threads,
+                "INFERENCE_PRECISION_HINT": "f32"}).create_infer_request()
+        return self.compiled[n].infer({0: batch}, share_inputs=True)[0]
+
+
+def ort_runner(path: Path, threads: int):
+    from onnxruntime import GraphOptimizationLevel
+
+    from quantpipe.runtimes.ort import OnnxRuntime
+
+    return OnnxRuntime(GraphOptimizationLevel.ORT_ENABLE_ALL).runner(path, threads)
+
+
+def scored(run, x, test: data.Split, info: data.DataInfo, p: DetectParams) -> dict:
+    """mAP of a runner on the test split, by the pipeline's own decode and COCO evaluation."""
+    out = np.concatenate([run(x[i:i + 16]) for i in range(0, len(x), 16)])
+    s = task.scored(out, test, info, p)[0]
+    return {"map_50_95": s["map_50_95"], "map_50": s["map_50"]}
+
+
+def peer(family: str, rec: dict, dataset: Path, args) -> dict:
+    repo, log = clone(ROOT, args.workdir / family)
+    shutil.copytree(dataset, repo / "inputs" / "data", ignore=shutil.ignore_patterns("*.cache"))
+    onnx_file = repo / "inputs" / f"{family}.onnx"
+    shutil.copy(rec["val"]["onnx"]["path"], onnx_file)
+    set_params(repo, {"prepare": {"task": "detection", "source": "yolo", "path": "inputs/data"},
+                      "train": {"model": f"onnx:inputs/{family}.onnx"}})
+    if args.smoke:  # a check of this script, not a measurement
+        set_params(repo, {"bench": {"runs": 10, "rounds": 2, "max_seconds": 0.5}})
+    try:  # the recipe as written: the gates decide whether dvc repro ends green
+        seconds, green = repro(repo, log), True
+    except SystemExit:
+        seconds, green = None, False
+    read = lambda rel: json.loads((repo / rel).read_text())  # noqa: E731
+    summary, q = read("metrics/summary.json"), read("metrics/quantize_static.json")
+    info, test = data.load_info(repo / "data/prepared"), data.load_split(repo / "data/prepared", "test")
+    x = data.normalize(test.x[:], info)  # a few hundred 128 px images
+    detect = DetectParams()
+    cores = int(summary["machine"]["cores"])
+    models = {("fp32", "onnxruntime"): (ort_runner, repo / "models/fp32.onnx"),
+              ("static", "onnxruntime"): (ort_runner, repo / "models/static.onnx"),
+              ("static", "openvino"): (StaticShapes, repo / "models/static.onnx"),
+              **{(name, "openvino"): (StaticShapes, _xml(Path(rec["val"][key]["path"])))
+                 for name, key in ULTRALYTICS.items() if "path" in rec["val"].get(key, {})}}
+    scores = {k: scored(make(path, cores), x, test, info, detect) for k, (make, path) in models.items()}
+    p = BenchParams(batch_sizes=BATCHES, threads=(1, cores), runs=args.runs, rounds=args.rounds,
+                    max_seconds=args.max_seconds)
+    grid = bench.latency_grid(lambda t: {k: make(path, t) for k, (make, path) in models.items()},
+                              x, (1, cores), p, desc=f"peer {family}")
+    base = ("fp32", "onnxruntime")
+    rows = []
+    for key in models:
+        lat = bench.rows_against(grid, key, base)
+        one, many = lat["threads1"]["bs1"], lat[f"threads{cores}"][f"bs{BATCHES[-1]}"]
+        rows.append({"model": family, "variant": key[0], "runtime": key[1], **scores[key],
+                     "map_drop_pts": round((scores[base]["map_50_95"] - scores[key]["map_50_95"]) * 100, 2),
+                     "p50_ms_1thread_bs1": one["p50_ms"], "speedup_1thread_bs1": one.get("speedup", 1.0),
+                     f"p50_ms_all_bs{BATCHES[-1]}": many["p50_ms"],
+                     f"speedup_all_bs{BATCHES[-1]}": many.get("speedup", 1.0)})
+    data_yaml = repo / "inputs/data/data.yaml"
+    return {"model": family, "green_report": green, "pipeline_seconds": seconds and round(seconds, 1),
+            "recipe": {v: {k: summary[v].get(k) for k in ("map_50_95", "map_drop_pts", "speedup")}
+                       for v in ("fp32", "static") if v in summary},
+            "recommended": summary.get("recommended"),
+            "mac_share_int8": q.get("mac_share_int8"), "nodes_in_float": q.get("nodes_in_float"),
+            "ultralytics_validator": {
+                "onnx": ultralytics_scores(args.ultralytics_python, onnx_file, data_yaml, info.image_size),
+                **{name: ultralytics_scores(args.ultralytics_python, Path(rec["val"][key]["path"]),
+                                            data_yaml, info.image_size)
+                   for name, key in ULTRALYTICS.items() if "path" in rec["val"].get(key, {})}},
+            "cores": cores, "cpu": summary["machine"].get("cpu"), "rows": rows}
+
+
+def _xml(path: Path) -> Path:
+    """An Ultralytics OpenVINO export folder's .xml (the path itself for a file)."""
+    if path.is_file():
+        return path
+    folder = path.parent if path.suffix == ".xml" else path
+    found = sorted(folder.glob("*.xml"))
+    if not found:
+        raise SystemExit(f"{folder}: no OpenVINO .xml; re-run the study's export")
+    return found[0]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--study", type=Path, default=CACHE / "study",
+                    help="scripts/ultralytics_fixtures.py --study's folder (study.json)")
+    ap.add_argument("--ultralytics-python", type=Path, default=CACHE / "venv" / "bin" / "python")
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/quantpipe-yolo-peer"))
+    ap.add_argument("--families", nargs="+", default=None)
+    ap.add_argument("--runs", type=int, default=300)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--max-seconds", type=float, default=5.0)
+    ap.add_argument("--smoke", action="store_true",
+                    help="the pipeline's bench shortened too: checks the script, measures nothing")
+    ap.add_argument("-o", "--out", type=Path, default=ROOT / "metrics" / "yolo_peer.json")
+    args = ap.parse_args()
+    study = json.loads((args.study / "study.json").read_text())
+    dataset = Path(study["dataset"]["path"])
+    record = {"ultralytics": study["ultralytics"], "imgsz": study["imgsz"],
+              "dataset": study["dataset"]["command"], "models": {}}
+    for family, rec in study["models"].items():
+        if args.families and family not in args.families:
+            continue
+        if "onnx" not in rec.get("val", {}):
+            print(f"{family}: the study has no ONNX export yet; skipped", file=sys.stderr)
+            continue
+        record["models"][family] = {**peer(family, rec, dataset, args),
+                                    "epochs": rec["epochs"], "params": rec["params"],
+                                    "validator_val_split": {k: v for k, v in rec["val"].items()}}
+        write_json(args.out, record)
+    print(json.dumps(record, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
