@@ -334,7 +334,7 @@ def yolo_peer_table(record: dict) -> str:
         green = "green" if m["green_report"] else "failed its gates"
         out += [f"**{family}** ({m['params']:,} parameters, {m['epochs']} epochs at "
                 f"{record['imgsz']} px): the README's recipe as written ran to a {green} report; "
-                f"{m['mac_share_int8']:.1%} of static's MACs in INT8.{gap}", "",
+                f"{m['mac_share_int8']:.2%} of static's MACs in INT8.{gap}", "",
                 *_table(head, body), ""]
     cpu = next(iter(record["models"].values()))["cpu"]
     out.append(f"Measured on {cpu}, in one run (scripts/yolo_peer.py). mAP on the dataset's test "
