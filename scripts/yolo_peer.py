@@ -191,8 +191,10 @@ def main() -> int:
     args = ap.parse_args()
     study = json.loads((args.study / "study.json").read_text())
     dataset = Path(study["dataset"]["path"])
+    # --families re-measures those models and keeps the others' rows.
+    kept = json.loads(args.out.read_text())["models"] if args.families and args.out.exists() else {}
     record = {"ultralytics": study["ultralytics"], "imgsz": study["imgsz"],
-              "dataset": study["dataset"]["command"], "models": {}}
+              "dataset": study["dataset"]["command"], "models": kept}
     for family, rec in study["models"].items():
         if args.families and family not in args.families:
             continue

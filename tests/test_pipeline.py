@@ -192,7 +192,8 @@ BENCH = {f"bench@{v}" for v in VARIANTS}
 # Each params schema module, and the stages that read its section (and nothing else runs it).
 SCHEMA_READERS = {
     "prepare": {"prepare", "quantize_static"},  # quantize_static: val_fraction, in a warning
-    "train": {"train", "export", "quantize_qat", "bench_torch"},
+    # prepare: train.model, a brought model's stated preprocessing
+    "train": {"prepare", "train", "export", "quantize_qat", "bench_torch"},
     "export": {"export", "quantize_qat"},
     "simplify": {"simplify"},
     "quantize_dynamic": {"quantize_dynamic"},
