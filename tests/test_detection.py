@@ -614,6 +614,7 @@ def test_a_detection_folder_runs_end_to_end(tmp_path, source):
     assert {d["category_id"] for d in dets} <= ids
 
 
+@pytest.mark.slow  # ~2.5 minutes: make test stays under 15 (CI runs it with the slow tests)
 def test_a_hundred_image_dataset_runs_end_to_end_with_the_defaults(tmp_path):
     """The smallest supported set: 100 canvases in Ultralytics' layout with declared splits,
     quantpipe's defaults for detection (tiny_detector, calib_size 256 > its train split, QAT's
