@@ -400,11 +400,10 @@ def _kernel_cause(variant: str, profiles: dict[str, dict]) -> str:
     # Where the time goes, measured: the INT8 convolutions and matrix products against FP32's
     # float ones, and the op types that take the rest (elementwise INT8 ops such as a SiLU's
     # QLinearSigmoid/QLinearMul, layout changes, the float decode).
-    compute = lambda by_op: sum(ms for op, ms in by_op.items()  # noqa: E731
-                                if op in HEAVY_OPS or op.startswith(("QLinearConv", "QGemm")))
+    compute = lambda by_op: sum(ms for op, ms in by_op.items() if _heavy(op))  # noqa: E731
     total, heavy, fp32_heavy = profile["kernel_ms"], compute(profile["by_op_ms"]), compute(fp32["by_op_ms"])
-    others = sorted(((ms, op) for op, ms in profile["by_op_ms"].items()
-                     if not (op in HEAVY_OPS or op.startswith(("QLinearConv", "QGemm")))), reverse=True)
+    others = sorted(((ms, op) for op, ms in profile["by_op_ms"].items() if not _heavy(op)),
+                    reverse=True)
     rest = ", ".join(f"{op} {ms / total:.0%}" for ms, op in others[:3])
     where = (f"profiled at bs{profile['batch_size']}: {total:.2f} ms of kernels, FP32's "
              f"{fp32['kernel_ms']:.2f} ms")
@@ -423,6 +422,11 @@ def _kernel_cause(variant: str, profiles: dict[str, dict]) -> str:
 # Op types whose arithmetic INT8 speeds up (ORT's names after its graph optimizations).
 HEAVY_OPS = {"Conv", "FusedConv", "QLinearConv", "ConvInteger", "Gemm", "FusedGemm", "QGemm",
              "MatMul", "FusedMatMul", "QLinearMatMul", "MatMulInteger", "MatMulIntegerToFloat"}
+
+
+def _heavy(op: str) -> bool:
+    """An op type of convolution or matrix-product arithmetic (its QLinear/QGemm variants too)."""
+    return op in HEAVY_OPS or op.startswith(("QLinearConv", "QGemm"))
 
 
 def render_markdown(summary: dict, notes: list[str], profiles: dict[str, dict] | None = None) -> str:
