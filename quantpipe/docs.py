@@ -31,6 +31,7 @@ from pathlib import Path
 import yaml
 
 from quantpipe.machine import describe
+from quantpipe.profiling import describe_profile
 from quantpipe.report import _table, score_keys  # report.md's table layout and score keys
 from quantpipe.review import GATED_SPEEDUPS  # which speedups make gate judges
 
@@ -309,7 +310,11 @@ PEER_NAMES = {("fp32", "onnxruntime"): "quantpipe FP32, ONNX Runtime",
                   "Ultralytics OpenVINO INT8 (NNCF, calibrated on train)",
               ("ultralytics_openvino_int8_calib_val", "openvino"):
                   "Ultralytics OpenVINO INT8 (NNCF, its default: calibrated on val)",
-              ("ultralytics_openvino_fp32", "openvino"): "Ultralytics OpenVINO FP32"}
+              ("ultralytics_openvino_fp32", "openvino"): "Ultralytics OpenVINO FP32",
+              ("nncf_mixed", "onnxruntime"):
+                  "quantpipe static INT8, `nncf` engine (preset mixed), ONNX Runtime",
+              ("nncf_mixed", "openvino"):
+                  "quantpipe static INT8, `nncf` engine (preset mixed), OpenVINO"}
 
 
 def yolo_peer_table(record: dict) -> str:
@@ -332,10 +337,16 @@ def yolo_peer_table(record: dict) -> str:
             f"{val['rect_false']['map_50_95']:.4f} at imgsz (rect=False), "
             f"{val['rect_true']['map_50_95']:.4f} by default (rect=True).")
         green = "green" if m["green_report"] else "failed its gates"
+        kernels = m.get("ort_kernels_1thread_bs1")
+        where = "" if not kernels else (
+            "ONNX Runtime's kernel time at 1 thread, bs1, under its profiler (which adds a cost "
+            "per node: compare the shares): FP32 "
+            f"{describe_profile(kernels['fp32'], ops=4)}; static "
+            f"{describe_profile(kernels['static'], ops=4)}.")
         out += [f"**{family}** ({m['params']:,} parameters, {m['epochs']} epochs at "
                 f"{record['imgsz']} px): the README's recipe as written ran to a {green} report; "
                 f"{m['mac_share_int8']:.2%} of static's MACs in INT8.{gap}", "",
-                *_table(head, body), ""]
+                *_table(head, body), "", *([where, ""] if where else [])]
     cpu = next(iter(record["models"].values()))["cpu"]
     out.append(f"Measured on {cpu}, in one run (scripts/yolo_peer.py). mAP on the dataset's test "
                "split, every model scored by quantpipe's decode and COCO evaluation; p50 from "

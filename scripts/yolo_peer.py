@@ -14,7 +14,11 @@ default and on train), in a clone of this repository:
 3. the same models timed in the same interleaved rounds (quantpipe.bench): 1 thread at batch 1
    and all cores at batch 16, OpenVINO models compiled for each batch's static shape;
 4. Ultralytics' validator on the same ONNX file and test split (its own venv, as a tool:
-   Ultralytics is never a dependency of quantpipe), at imgsz (rect=False) and by default.
+   Ultralytics is never a dependency of quantpipe), at imgsz (rect=False) and by default;
+5. quantpipe's `nncf` engine with Ultralytics' preset (mixed) on the same FP32 file: NNCF's
+   placement (no quantizer between a conv and its SiLU) on both runtimes;
+6. ONNX Runtime's kernel time per op type at 1 thread, batch 1, FP32 and static: where the
+   INT8 model's time goes when it is not faster.
 
     python scripts/yolo_peer.py                    # -> metrics/yolo_peer.json, then make docs
     python scripts/yolo_peer.py --families yolo11n --workdir /tmp/peer
@@ -34,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from quantpipe import bench, data
+from quantpipe import bench, data, onnxutil, profiling
 from quantpipe.detection import task
 from quantpipe.io import write_json
 from quantpipe.schemas.bench import BenchParams
@@ -111,6 +115,44 @@ def scored(run, x, test: data.Split, info: data.DataInfo, p: DetectParams) -> di
     return {"map_50_95": s["map_50_95"], "map_50": s["map_50"]}
 
 
+def nncf_mixed(repo: Path, out: Path) -> Path:
+    """quantpipe's nncf engine's nncf.quantize, as the static stage calls it, with Ultralytics'
+    preset (mixed) and the decode in float: on the pipeline's FP32 file and calibration set."""
+    import dataclasses
+
+    import nncf
+    import onnx
+
+    from quantpipe import params
+    from quantpipe.engines.graph import box_nodes, output_tail
+    from quantpipe.engines.nncf_ptq import quantize_options
+    from quantpipe.schemas.quantize_static import NNCFPreset, QuantizeStaticParams
+
+    model = onnx.load(str(repo / "models/fp32.onnx"))
+    info = data.load_info(repo / "data/calibration")
+    calib = data.load_split(repo / "data/calibration", "calib").x[:]
+    p = params.load(QuantizeStaticParams, repo / "params.yaml")
+    p = dataclasses.replace(p, nodes_to_exclude=tuple(dict.fromkeys(output_tail(model) + box_nodes(model))),
+                            nncf=dataclasses.replace(p.nncf, preset=NNCFPreset.mixed))
+    name = model.graph.input[0].name
+    dataset = nncf.Dataset(range(len(calib)), lambda i: {name: data.normalize(calib[i:i + 1], info)})
+    onnx.save(nncf.quantize(model, dataset, **quantize_options(p, len(calib))), str(out))
+    return out
+
+
+def kernel_profiles(models: dict[str, Path], x: np.ndarray, workdir: Path) -> dict:
+    """ONNX Runtime's kernel time per op type, 1 thread, batch 1 (quantpipe.profiling)."""
+    from onnxruntime import GraphOptimizationLevel
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for key, path in models.items():
+        session = onnxutil.make_session(path, level=GraphOptimizationLevel.ORT_ENABLE_ALL,
+                                        threads=1, profile_prefix=str(workdir / key))
+        out[key] = profiling.kernel_profile(session, x[:1], runs=200, top=3)
+    return out
+
+
 def peer(family: str, rec: dict, dataset: Path, args) -> dict:
     repo, log = clone(ROOT, args.workdir / family)
     shutil.copytree(dataset, repo / "inputs" / "data", ignore=shutil.ignore_patterns("*.cache"))
@@ -130,9 +172,12 @@ def peer(family: str, rec: dict, dataset: Path, args) -> dict:
     x = data.normalize(test.x[:], info)  # a few hundred 128 px images
     detect = DetectParams()
     cores = int(summary["machine"]["cores"])
+    mixed = nncf_mixed(repo, repo / "models" / "nncf_mixed.onnx")
     models = {("fp32", "onnxruntime"): (ort_runner, repo / "models/fp32.onnx"),
               ("static", "onnxruntime"): (ort_runner, repo / "models/static.onnx"),
               ("static", "openvino"): (StaticShapes, repo / "models/static.onnx"),
+              ("nncf_mixed", "onnxruntime"): (ort_runner, mixed),
+              ("nncf_mixed", "openvino"): (StaticShapes, mixed),
               **{(name, "openvino"): (StaticShapes, _xml(Path(rec["val"][key]["path"])))
                  for name, key in ULTRALYTICS.items() if "path" in rec["val"].get(key, {})}}
     scores = {k: scored(make(path, cores), x, test, info, detect) for k, (make, path) in models.items()}
@@ -161,6 +206,9 @@ def peer(family: str, rec: dict, dataset: Path, args) -> dict:
                 **{name: ultralytics_scores(args.ultralytics_python, Path(rec["val"][key]["path"]),
                                             data_yaml, info.image_size)
                    for name, key in ULTRALYTICS.items() if "path" in rec["val"].get(key, {})}},
+            "ort_kernels_1thread_bs1": kernel_profiles(
+                {"fp32": repo / "models/fp32.onnx", "static": repo / "models/static.onnx"}, x,
+                args.workdir / f"{family}-profiles"),
             "cores": cores, "cpu": summary["machine"].get("cpu"), "rows": rows}
 
 

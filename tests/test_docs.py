@@ -143,3 +143,23 @@ def test_the_package_is_installed_and_nothing_edits_sys_path():
             for p in (ROOT / folder).rglob("*") if p.is_file() and p.suffix in (".py", ".sh", "")
             and needle in p.read_text(errors="replace")]
     assert not hits, hits
+
+
+def test_the_peer_table_names_nncf_rows_and_where_the_int8_time_goes():
+    row = lambda variant, runtime: {"variant": variant, "runtime": runtime, "map_50_95": 0.9,  # noqa: E731
+                                    "map_drop_pts": 0.1, "p50_ms_1thread_bs1": 2.0,
+                                    "speedup_1thread_bs1": 1.2, "p50_ms_all_bs16": 20.0,
+                                    "speedup_all_bs16": 1.1}
+    profile = lambda ops: {"kernel_ms": 2.0, "by_op_ms": ops}  # noqa: E731
+    model = {"params": 1000, "epochs": 3, "green_report": True, "mac_share_int8": 0.99,
+             "ultralytics_validator": {"onnx": {}}, "cpu": "CPU X", "cores": 2,
+             "rows": [row("fp32", "onnxruntime"), row("nncf_mixed", "openvino")]}
+    text = docs.yolo_peer_table({"imgsz": 128, "models": {"yolo11n": model}})
+    assert "`nncf` engine (preset mixed), OpenVINO" in text
+    assert "kernel time" not in text  # a record from before the profiles: no line
+    model["ort_kernels_1thread_bs1"] = {"fp32": profile({"Conv": 1.5, "QuickGelu": 0.5}),
+                                        "static": profile({"QLinearConv": 1.0, "QLinearMul": 0.6,
+                                                           "QLinearSigmoid": 0.4})}
+    text = docs.yolo_peer_table({"imgsz": 128, "models": {"yolo11n": model}})
+    assert "FP32 2.00 ms (Conv 75%, QuickGelu 25%); static 2.00 ms (QLinearConv 50%, " \
+           "QLinearMul 30%, QLinearSigmoid 20%)" in text
