@@ -116,8 +116,10 @@ def scored(run, x, test: data.Split, info: data.DataInfo, p: DetectParams) -> di
 
 
 def nncf_mixed(repo: Path, out: Path) -> Path:
-    """quantpipe's nncf engine's nncf.quantize, as the static stage calls it, with Ultralytics'
-    preset (mixed) and the decode in float: on the pipeline's FP32 file and calibration set."""
+    """nncf.quantize with the nncf engine's options (quantize_options), Ultralytics' preset
+    (mixed) and the decode in float as the onnxruntime engine keeps it (output_tail and
+    box_nodes), on the pipeline's FP32 file and calibration set. Only nncf.quantize: the
+    engine's accuracy control is not run."""
     import dataclasses
 
     import nncf
