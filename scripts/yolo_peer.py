@@ -116,29 +116,28 @@ def scored(run, x, test: data.Split, info: data.DataInfo, p: DetectParams) -> di
 
 
 def nncf_mixed(repo: Path, out: Path) -> Path:
-    """nncf.quantize with the nncf engine's options (quantize_options), Ultralytics' preset
-    (mixed) and the decode in float as the onnxruntime engine keeps it (output_tail and
-    box_nodes), on the pipeline's FP32 file and calibration set. Only nncf.quantize: the
-    engine's accuracy control is not run."""
+    """nncf.quantize with the nncf engine's options and calibration dataset, Ultralytics' preset
+    (mixed) and the decode in float as the onnxruntime engine keeps it (graph.float_decode), on
+    the pipeline's FP32 file and calibration set. Only nncf.quantize: the engine's accuracy
+    control is not run."""
     import dataclasses
 
     import nncf
     import onnx
 
     from quantpipe import params
-    from quantpipe.engines.graph import box_nodes, output_tail
-    from quantpipe.engines.nncf_ptq import quantize_options
+    from quantpipe.engines.graph import float_decode
+    from quantpipe.engines.nncf_ptq import calibration_dataset, quantize_options
     from quantpipe.schemas.quantize_static import NNCFPreset, QuantizeStaticParams
 
     model = onnx.load(str(repo / "models/fp32.onnx"))
     info = data.load_info(repo / "data/calibration")
     calib = data.load_split(repo / "data/calibration", "calib").x[:]
     p = params.load(QuantizeStaticParams, repo / "params.yaml")
-    p = dataclasses.replace(p, nodes_to_exclude=tuple(dict.fromkeys(output_tail(model) + box_nodes(model))),
+    p = dataclasses.replace(p, nodes_to_exclude=tuple(float_decode(model)),
                             nncf=dataclasses.replace(p.nncf, preset=NNCFPreset.mixed))
-    name = model.graph.input[0].name
-    dataset = nncf.Dataset(range(len(calib)), lambda i: {name: data.normalize(calib[i:i + 1], info)})
-    onnx.save(nncf.quantize(model, dataset, **quantize_options(p, len(calib))), str(out))
+    onnx.save(nncf.quantize(model, calibration_dataset(model, calib, info),
+                            **quantize_options(p, len(calib))), str(out))
     return out
 
 

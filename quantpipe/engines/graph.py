@@ -397,6 +397,12 @@ def box_nodes(model: onnx.ModelProto) -> list[str]:
     return [n.name for n in model.graph.node if n.name in found]
 
 
+def float_decode(model: onnx.ModelProto) -> list[str]:
+    """What a detector's decode keeps in float: the nodes after the last compute node
+    (output_tail) and those that compute a RoiAlign's boxes (box_nodes), each once."""
+    return list(dict.fromkeys(output_tail(model) + box_nodes(model)))
+
+
 def unknown_nodes(model: onnx.ModelProto, names: tuple[str, ...]) -> list[str]:
     """Names in nodes_to_exclude that are not in the model: a typo would silently do nothing."""
     present = {node.name for node in model.graph.node}

@@ -57,6 +57,15 @@ def quantize_options(p: QuantizeStaticParams, n_calib: int) -> dict:
     }
 
 
+def calibration_dataset(model: onnx.ModelProto, calib_x: np.ndarray, info: DataInfo):
+    """nncf.Dataset of the calibration images, normalized, one image per item: NNCF batches
+    nothing itself, and bias correction wants single samples."""
+    import nncf
+
+    input_name = graph_input(model).name
+    return nncf.Dataset(range(len(calib_x)), lambda i: {input_name: normalize(calib_x[i:i + 1], info)})
+
+
 def agreement_fn(pool_x: np.ndarray, pool_ref: np.ndarray,
                  predict: Callable[[onnx.ModelProto, np.ndarray], np.ndarray]):
     """NNCF validation_fn: top-1 agreement with FP32 on the pool images named by the items,
@@ -84,10 +93,7 @@ def quantize_static_nncf(fp32_path: Path, out_path: Path, calib_x: np.ndarray, i
     check_nodes_exist(model, p.nodes_to_exclude, "quantize_static.nodes_to_exclude", fp32_path)
     tail = [n for n in output_tail(model) if n not in p.nodes_to_exclude] if float_tail else []
     p = dataclasses.replace(p, nodes_to_exclude=tuple(p.nodes_to_exclude) + tuple(tail))
-    input_name = graph_input(model).name
-    # One image per item: NNCF batches nothing itself, and bias correction wants single samples.
-    calibration = nncf.Dataset(range(len(calib_x)),
-                               lambda i: {input_name: normalize(calib_x[i:i + 1], info)})
+    calibration = calibration_dataset(model, calib_x, info)
     options = quantize_options(p, len(calib_x))
     steps: list[dict] = []
 

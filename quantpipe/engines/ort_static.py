@@ -26,9 +26,9 @@ from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, 
 from quantpipe.criterion import Judged
 from quantpipe.data import DataInfo, first, normalize
 from quantpipe.engines.base import StaticJob, StaticResult
-from quantpipe.engines.graph import (COMPUTE_OPS, box_nodes, describe_mac_share,
-                                    float_compute_nodes, graph_input, mac_share, macs_by_node,
-                                    output_tail, percent, preprocess_checked)
+from quantpipe.engines.graph import (COMPUTE_OPS, describe_mac_share, float_compute_nodes,
+                                    float_decode, graph_input, mac_share, macs_by_node, percent,
+                                    preprocess_checked)
 from quantpipe.errors import UserError
 from quantpipe.schemas.quantize_static import QuantizeStaticParams
 
@@ -496,7 +496,7 @@ def quantize_static_with_fallback(fp32_path: Path, out_path: Path, calib_x: np.n
                                   check: Callable[[Path], Judged], *,
                                   float_tail: bool = False) -> StaticResult:
     """quant_pre_process, calibrate and quantize (ORT) the op types static_op_types picks
-    (with float_tail, never the nodes after the last compute node: graph.output_tail)
+    (with float_tail, never the decode after the last compute node: graph.float_decode)
     (Gemm/MatMul only on a transformer, by its share of MACs, unless p.op_types_to_quantize
     lists others); then, while check(model) says the accuracy drop is real
     (quantpipe.criterion), climb the recovery ladder, keeping a change only when it judges
@@ -519,7 +519,7 @@ def quantize_static_with_fallback(fp32_path: Path, out_path: Path, calib_x: np.n
         pre = workdir / "preprocessed.onnx"
         symbolic, pre_model = preprocess_checked(fp32_path, pre, p.nodes_to_exclude,
                                                  "quantize_static.nodes_to_exclude")
-        tail = [n for n in dict.fromkeys(output_tail(pre_model) + box_nodes(pre_model))
+        tail = [n for n in float_decode(pre_model)
                 if n not in p.nodes_to_exclude] if float_tail else []
         p = dataclasses.replace(p, nodes_to_exclude=tuple(p.nodes_to_exclude) + tuple(tail))
         op_types, op_selection = static_op_types(pre_model, p.op_types_to_quantize,
