@@ -314,7 +314,13 @@ PEER_NAMES = {("fp32", "onnxruntime"): "quantpipe FP32, ONNX Runtime",
               ("nncf_mixed", "onnxruntime"):
                   "quantpipe static INT8, `nncf` engine (preset mixed), ONNX Runtime",
               ("nncf_mixed", "openvino"):
-                  "quantpipe static INT8, `nncf` engine (preset mixed), OpenVINO"}
+                  "quantpipe static INT8, `nncf` engine (preset mixed), OpenVINO",
+              ("nncf_mixed_no_bc", "openvino"):
+                  "quantpipe static INT8, `nncf` engine (preset mixed, bias correction none), "
+                  "OpenVINO"}
+
+
+PEER_REFERENCE = "ultralytics_openvino_int8"  # what each row's mAP interval is taken against
 
 
 def yolo_peer_table(record: dict) -> str:
@@ -331,6 +337,12 @@ def yolo_peer_table(record: dict) -> str:
                  f"{r['map_50_95']:.4f}", f"{r['map_drop_pts']:.2f}",
                  _ms(r["p50_ms_1thread_bs1"]), _x(r["speedup_1thread_bs1"]),
                  _ms(r[f"p50_ms_all_bs{big}"]), _x(r[f"speedup_all_bs{big}"])] for r in m["rows"]]
+        if "vs_ultralytics_int8_pts_90" in m["rows"][0]:  # runs before the bootstrap have none
+            head.insert(3, "vs Ultralytics INT8, 90% (points)")
+            for row, r in zip(body, m["rows"]):
+                low, high = r["vs_ultralytics_int8_pts_90"]
+                row.insert(3, "reference" if r["variant"] == PEER_REFERENCE
+                           else f"{low:+.2f} to {high:+.2f}")
         val = m["ultralytics_validator"]["onnx"]
         gap = "" if "rect_false" not in val else (
             f" Ultralytics' validator on the same ONNX file and test images: mAP@[.5:.95] "
@@ -349,7 +361,10 @@ def yolo_peer_table(record: dict) -> str:
                 *_table(head, body), "", *([where, ""] if where else [])]
     cpu = next(iter(record["models"].values()))["cpu"]
     out.append(f"Measured on {cpu}, in one run (scripts/yolo_peer.py). mAP on the dataset's test "
-               "split, every model scored by quantpipe's decode and COCO evaluation; p50 from "
+               "split, every model scored by quantpipe's decode and COCO evaluation; vs "
+               "Ultralytics INT8: the row's mAP minus that of Ultralytics' INT8 calibrated on "
+               "train, 5th to 95th percentile over 200 paired resamples of the test images "
+               "(an interval that holds 0 is no measured difference); p50 from "
                "the same interleaved rounds, OpenVINO models compiled at each batch's static "
                "shape; vs FP32: FP32 on ONNX Runtime's p50 / the row's.")
     return "\n".join(out)

@@ -252,6 +252,11 @@ def study(args) -> None:
            "dataset": {"command": " ".join(["python"] + cmd[1:3] + ["yolo", "DIR"] + cmd[5:]),
                        "path": str(data), "sha256": dataset_digest(data)},
            "train_args": TRAIN_ARGS, "models": {}}
+    if result_file.exists():  # --families re-trains those and keeps the others of the same data
+        before = json.loads(result_file.read_text())
+        if before.get("dataset", {}).get("sha256") == doc["dataset"]["sha256"]:
+            doc["models"] = {k: v for k, v in before.get("models", {}).items()
+                             if k not in args.families}
     for family in args.families:
         epochs = args.epochs or STUDY_EPOCHS
         best, model_info, params, seconds = train(family, data_yaml, nc, out, STUDY_IMGSZ, epochs,

@@ -16,7 +16,7 @@ from PIL import Image
 
 from conftest import TINY_PARAMS, dvc, make_project, set_params
 from quantpipe import data, sources
-from quantpipe.detection import coco, post
+from quantpipe.detection import bootstrap, coco, post
 from quantpipe.detection.data import coco_ground_truth, digit_canvases, letterbox, strata
 from quantpipe.detection.listing import load_folder as load_detection_source
 
@@ -95,6 +95,25 @@ def test_coco_scores_perfect_detections_one_and_empty_zero():
     scores = coco.detections_map(perfect, gt, (1, 2))
     assert scores["map_50_95"] == 1.0 and scores["per_class_ap"] == {"a": 1.0, "b": 1.0}
     assert coco.score(gt, [])["map_50"] == 0.0
+
+
+def test_the_bootstrap_interval_is_zero_for_the_same_detections_and_brackets_a_real_loss():
+    rng = np.random.default_rng(0)
+    objects = tuple(np.array([[x, x, x + 12, x + 12, i % 2]], np.float32)
+                    for i, x in enumerate(rng.integers(2, 40, 30)))
+    gt = coco_ground_truth(objects, 64, (1, 2), ("a", "b"))
+    perfect = [post.Detections(o[:, :4], np.ones(1, np.float32), o[:, 4].astype(np.int64))
+               for o in objects]
+    # The worse model's boxes are 3 px off on a third of the images: a real loss.
+    shifted = [post.Detections(d.boxes + (3.0 if i % 3 == 0 else 0.0), d.scores, d.labels)
+               for i, d in enumerate(perfect)]
+    dets = {k: coco.results(v, (1, 2)) for k, v in (("ref", perfect), ("same", perfect),
+                                                     ("worse", shifted))}
+    loss = (coco.score(gt, dets["worse"])["map_50_95"] - 1.0) * 100
+    interval = bootstrap.map_differences(gt, dets, "ref", resamples=50)
+    assert interval["same"] == [0.0, 0.0] and interval["ref"] == [0.0, 0.0]
+    low, high = interval["worse"]
+    assert low < loss < high < 0
 
 
 def test_letterbox_keeps_the_aspect_and_centres():

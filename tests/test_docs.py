@@ -163,3 +163,11 @@ def test_the_peer_table_names_nncf_rows_and_where_the_int8_time_goes():
     text = docs.yolo_peer_table({"imgsz": 128, "models": {"yolo11n": model}})
     assert "FP32 2.00 ms (Conv 75%, QuickGelu 25%); static 2.00 ms (QLinearConv 50%, " \
            "QLinearMul 30%, QLinearSigmoid 20%)" in text
+    assert "90% (points)" not in text  # a record from before the bootstrap: no column
+    model["rows"].append(row("ultralytics_openvino_int8", "openvino"))
+    for r, interval in zip(model["rows"], ([-0.58, 0.25], [-0.79, 0.08], [0.0, 0.0])):
+        r["vs_ultralytics_int8_pts_90"] = interval
+    text = docs.yolo_peer_table({"imgsz": 128, "models": {"yolo11n": model}})
+    assert "| vs Ultralytics INT8, 90% (points) |" in text
+    assert "| 0.10 | -0.79 to +0.08 | 2.00 ms |" in text
+    assert "| 0.10 | reference | 2.00 ms |" in text

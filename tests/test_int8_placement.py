@@ -363,6 +363,57 @@ def test_nncf_keeps_the_same_yolo_decode_in_float(yolo, tmp_path):
     assert graph.mac_summary(model)["mac_share_int8"] > 0.95
 
 
+def test_nncf_mixed_gives_openvino_int8_convs_and_onnx_runtime_the_same_outputs(yolo, tmp_path):
+    """Preset mixed (asymmetric activations, Ultralytics' own choice): NNCF's ONNX backend
+    writes those quantizers as int8 with a zero point, whose convolutions OpenVINO runs in FP32;
+    the engine writes the same grid as uint8: identical outputs, INT8 convolutions."""
+    import dataclasses
+
+    import nncf
+    import onnxruntime as ort
+
+    from quantpipe.runtimes.ov import OpenVino
+    from quantpipe.schemas.quantize_static import NNCFParams, NNCFPreset
+
+    split = structured_images(16, size=32, seed=0)
+    info = info_for(split)
+    p = QuantizeStaticParams(max_fallback_steps=0, nncf=NNCFParams(preset=NNCFPreset.mixed))
+    fp32 = onnx.load(str(yolo))
+    tail = tuple(graph.output_tail(fp32))
+    signed = nncf.quantize(fp32, nncf_ptq.calibration_dataset(fp32, split.x, info),
+                           **nncf_ptq.quantize_options(dataclasses.replace(p, nodes_to_exclude=tail),
+                                                       len(split.x)))
+    onnx.save(signed, str(tmp_path / "signed.onnx"))
+    out = tmp_path / "static.onnx"
+    nncf_ptq.quantize_static_nncf(
+        yolo, out, split.x, info, p, _never_real, np.zeros((0, 1, 32, 32), np.float32),
+        np.zeros(0, np.int64), lambda model, x: x, float_tail=True)
+
+    def zero_points(path: Path) -> set:
+        model = onnx.load(str(path))
+        inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+        return {(str(inits[n.input[2]].dtype), bool(inits[n.input[2]].any()))
+                for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] not in inits}
+
+    assert ("int8", True) in zero_points(tmp_path / "signed.onnx")
+    assert zero_points(out) == {("uint8", True)}
+    x = data.normalize(split.x, info)
+    name = graph.graph_input(fp32).name
+    assert np.array_equal(*(ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+                            .run(None, {name: x})[0] for path in (tmp_path / "signed.onnx", out)))
+
+    def conv_precisions(path: Path) -> set[str]:
+        return {k["precision"] for k in OpenVino().kernels(path, x[:1], 1, {})
+                if k["layer"] == "Convolution"}
+
+    (dfl,) = graph.dfl_convs(fp32)
+    assert "f32" in conv_precisions(tmp_path / "signed.onnx")
+    # Every convolution but the DFL's (the decode, kept float) runs INT8.
+    kernels = [k for k in OpenVino().kernels(out, x[:1], 1, {}) if k["layer"] == "Convolution"]
+    assert sum(k["count"] for k in kernels if k["precision"] in ("u8", "i8")) == \
+        sum(n.op_type == "Conv" for n in fp32.graph.node) - 1, kernels
+
+
 # --- real Ultralytics exports -----------------------------------------------------------------
 
 def _fixture_shape() -> tuple[int, int, int]:

@@ -131,13 +131,21 @@ def test_nncf_plain_fails_and_accuracy_control_recovers(hard_path, sets, judge, 
     assert judge(out).record["pool"] == result.final["pool"]
 
 
+def _biases(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    return {n.input[2]: inits[n.input[2]] for n in model.graph.node
+            if n.op_type == "Conv" and len(n.input) > 2}
+
+
 def test_nncf_options_reach_nncf(fp32_path, sets, tmp_path):
-    """Ignored scope keeps a node in float; bias correction 'none' and 'full' both run."""
+    """Ignored scope keeps a node in float; bias correction 'none' leaves every bias as FP32's,
+    'fast' and 'full' shift the quantized layers' biases."""
     train, _, _, info = sets
-    conv = [n.name for n in onnx.load(str(fp32_path)).graph.node if n.op_type == "Conv"][1]
+    fp32 = onnx.load(str(fp32_path))
+    conv = [n.name for n in fp32.graph.node if n.op_type == "Conv"][1]
     never = lambda path: criterion.Judged({"accuracy_drop_pp": 0.0, "real_drop": False,  # noqa: E731
                                            "verdict": "ok", "pool": {}}, np.zeros(1))
-    for bias in ("none", "full"):
+    for bias in ("none", "fast", "full"):
         p = QuantizeStaticParams(nodes_to_exclude=(conv,),
                                  nncf=NNCFParams(bias_correction=nncf_ptq.BiasCorrection(bias),
                                                  subset_size=16))
@@ -145,6 +153,9 @@ def test_nncf_options_reach_nncf(fp32_path, sets, tmp_path):
                                                   p, never, np.zeros((0, *SHAPE), np.float32),
                                                   np.zeros(0), _predict)
         assert result.nodes_in_float == [conv] and result.calib_samples_used == 16
+        before, after = _biases(fp32), _biases(onnx.load(str(tmp_path / "s.onnx")))
+        same = [np.array_equal(before[k], after[k]) for k in before]
+        assert all(same) if bias == "none" else not all(same), (bias, same)
     with pytest.raises(UserError, match="nodes_to_exclude.*conv9"):
         nncf_ptq.quantize_static_nncf(fp32_path, tmp_path / "s.onnx", train.x[:64], info,
                                          QuantizeStaticParams(nodes_to_exclude=("conv9",)), never,

@@ -21,6 +21,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from quantpipe.criterion import Judged
 from quantpipe.data import DataInfo, normalize
@@ -54,6 +55,8 @@ def quantize_options(p: QuantizeStaticParams, n_calib: int) -> dict:
         "model_type": nncf.ModelType(q.model_type.value) if q.model_type else None,
         "ignored_scope": nncf.IgnoredScope(names=list(p.nodes_to_exclude))
         if p.nodes_to_exclude else None,
+        # bias_correction none and smooth_quant_alpha live here: without it they do nothing.
+        "advanced_parameters": advanced,
     }
 
 
@@ -64,6 +67,56 @@ def calibration_dataset(model: onnx.ModelProto, calib_x: np.ndarray, info: DataI
 
     input_name = graph_input(model).name
     return nncf.Dataset(range(len(calib_x)), lambda i: {input_name: normalize(calib_x[i:i + 1], info)})
+
+
+def unsigned_activations(model: onnx.ModelProto) -> int:
+    """Rewrite, in place, every activation quantizer NNCF's ONNX backend wrote as int8 with a
+    non-zero zero point (an asymmetric range, preset mixed) as uint8: the same grid, its levels
+    and zero point shifted by 128, so every dequantized value is unchanged. Why: OpenVINO's CPU
+    plugin takes asymmetric INT8 activations only as uint8; a convolution fed by the int8 form
+    runs in FP32 there. Returns how many quantizers were rewritten."""
+    initializers = {init.name: init for init in model.graph.initializer}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    rewritten: list[str] = []
+    replaced: set[str] = set()
+    for q in [n for n in model.graph.node if n.op_type == "QuantizeLinear"]:
+        zero = initializers.get(q.input[2]) if len(q.input) > 2 else None
+        readers = consumers.get(q.output[0], [])
+        if (q.input[0] in initializers or zero is None or not readers
+                or any(r.op_type != "DequantizeLinear" for r in readers)):
+            continue  # a weight, a symmetric default, or a Q whose output is not only dequantized
+        z = numpy_helper.to_array(zero)
+        if z.dtype != np.int8 or not z.any():
+            continue  # uint8 already, or symmetric int8 (which OpenVINO runs as is)
+        unsigned = f"{zero.name}_uint8"
+        if zero.name not in replaced:  # one initializer may serve several quantizers
+            model.graph.initializer.append(numpy_helper.from_array(
+                (z.astype(np.int16) + 128).astype(np.uint8), unsigned))
+            replaced.add(zero.name)
+        for node in (q, *readers):
+            node.input[2] = unsigned
+        rewritten.append(q.output[0])
+    for info in model.graph.value_info:  # the quantized tensors' declared type follows
+        if info.name in rewritten:
+            info.type.tensor_type.elem_type = onnx.TensorProto.UINT8
+    used = {name for node in model.graph.node for name in node.input}
+    for init in [i for i in model.graph.initializer if i.name in replaced - used]:
+        model.graph.initializer.remove(init)
+    return len(rewritten)
+
+
+def quantize(model: onnx.ModelProto, calib_x: np.ndarray, info: DataInfo,
+             p: QuantizeStaticParams) -> onnx.ModelProto:
+    """nncf.quantize with p's options on the calibration images, its activations as uint8."""
+    import nncf
+
+    quantized = nncf.quantize(model, calibration_dataset(model, calib_x, info),
+                              **quantize_options(p, len(calib_x)))
+    unsigned_activations(quantized)
+    return quantized
 
 
 def agreement_fn(pool_x: np.ndarray, pool_ref: np.ndarray,
@@ -93,7 +146,6 @@ def quantize_static_nncf(fp32_path: Path, out_path: Path, calib_x: np.ndarray, i
     check_nodes_exist(model, p.nodes_to_exclude, "quantize_static.nodes_to_exclude", fp32_path)
     tail = [n for n in output_tail(model) if n not in p.nodes_to_exclude] if float_tail else []
     p = dataclasses.replace(p, nodes_to_exclude=tuple(p.nodes_to_exclude) + tuple(tail))
-    calibration = calibration_dataset(model, calib_x, info)
     options = quantize_options(p, len(calib_x))
     steps: list[dict] = []
 
@@ -108,23 +160,25 @@ def quantize_static_nncf(fp32_path: Path, out_path: Path, calib_x: np.ndarray, i
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "quantized.onnx"
         start = time.perf_counter()
-        judged = judge("plain", nncf.quantize(model, calibration, **options), path,
+        judged = judge("plain", quantize(model, calib_x, info, p), path,
                        time.perf_counter() - start)
         if judged.real and p.max_fallback_steps > 0:
             log.warning("quantize_static: %s; running nncf.quantize_with_accuracy_control",
                         judged.record["verdict"])
             start = time.perf_counter()
             controlled = nncf.quantize_with_accuracy_control(
-                model, calibration, nncf.Dataset(range(len(pool_x))),
+                model, calibration_dataset(model, calib_x, info), nncf.Dataset(range(len(pool_x))),
                 agreement_fn(pool_x, pool_ref, predict),
                 max_drop=1.0 - p.min_pool_agreement, drop_type=nncf.DropType.ABSOLUTE,
                 preset=options["preset"], target_device=options["target_device"],
                 subset_size=options["subset_size"],
                 fast_bias_correction=options["fast_bias_correction"],
                 model_type=options["model_type"], ignored_scope=options["ignored_scope"],
+                advanced_quantization_parameters=options["advanced_parameters"],
                 advanced_accuracy_restorer_parameters=AdvancedAccuracyRestorerParameters(
                     max_num_iterations=p.max_fallback_steps))
             steps[-1]["kept"] = False
+            unsigned_activations(controlled)
             judge("accuracy_control", controlled, path, time.perf_counter() - start)
         os.replace(path, out_path)
     in_float = steps[-1]["nodes_in_float"]
