@@ -43,6 +43,7 @@ import numpy as np
 
 from quantpipe import bench, data, onnxutil, profiling
 from quantpipe.detection import bootstrap, task
+from quantpipe.docs import PEER_REFERENCE
 from quantpipe.io import write_json
 from quantpipe.schemas.bench import BenchParams
 from quantpipe.schemas.detect import DetectParams
@@ -189,7 +190,7 @@ def peer(family: str, rec: dict, dataset: Path, args) -> dict:
     results = {k: scored(make(path, cores), x, test, info, detect) for k, (make, path) in models.items()}
     scores = {k: v[0] for k, v in results.items()}
     # mAP differences of a few tenths on ~100 images: how much of one is the luck of the draw.
-    reference = ("ultralytics_openvino_int8", "openvino")
+    reference = (PEER_REFERENCE, "openvino")
     interval = {} if reference not in models else bootstrap.map_differences(
         task.ground_truth(test, info), {k: v[1] for k, v in results.items()}, reference)
     p = BenchParams(batch_sizes=BATCHES, threads=(1, cores), runs=args.runs, rounds=args.rounds,
