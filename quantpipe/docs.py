@@ -14,7 +14,10 @@ NAME picks what renders it:
 - `precision`, `precision_one_thread`: every precision on both engines (summary.json: FP32,
   BF16, INT8), all cores and one thread;
 - `ort_amx`: metrics/ort_amx.json (scripts/ort_amx.py);
-- `scale`: metrics/scale.json (scripts/scale.py).
+- `scale`: metrics/scale.json (scripts/scale.py);
+- `machines`: per machine, this one (metrics/summary.json) and each measured by
+  scripts/remote_bench.py (metrics/machines/*/summary.json): the threads curve, the recommended
+  configurations with their tails and the server configuration.
 
     python -m quantpipe.docs            # rewrite every generated table (`make docs`)
     python -m quantpipe.docs --check    # exit 1 naming the file whose tables differ (a test)
@@ -525,6 +528,59 @@ def spread_table(record: dict) -> str:
                       *_table(["what", "gated", "largest change", "worst, values"], body)])
 
 
+def machine_tables(summaries: list[tuple[str, dict]]) -> str:
+    """A section per machine: INT8's speedup over FP32 at every thread count benched (each
+    engine; the largest and the smallest batch), what is recommended with its tail, and the
+    server configuration. summaries: (where its files are, summary.json)."""
+    out = []
+    for where, summary in summaries:
+        machine = summary["machine"]
+        sizes = _sizes(summary)
+        counts = sorted(int(k.removeprefix("threads")) for k in summary["fp32"]["by_threads"])
+        titles = summary["runtimes"]
+        reference = next(iter(titles))
+        out += [f"### {machine['cpu']}, {machine['cores']} cores (`{where}`)", "",
+                f"Measured on {describe(machine)}.", ""]
+        for bs in dict.fromkeys((sizes[-1], sizes[0])):
+            rows = []
+            for v in ("fp32", "dynamic", "static", "qat", "bf16"):
+                if v not in summary:
+                    continue
+                s = summary[v]
+                engines = {s.get("runtime", reference): s["by_threads"],
+                           **{n: e["by_threads"] for n, e in s.get("runtimes", {}).items()
+                              if "by_threads" in e}}
+                for name, by in engines.items():
+                    cells = []
+                    for c in counts:
+                        t = by.get(f"threads{c}")
+                        if t is None:
+                            cells.append("—")
+                            continue
+                        p50, p99 = t["latency_p50_ms"][bs], t["latency_p99_ms"][bs]
+                        speed = f" {_x(t['speedup'][bs])}" if "speedup" in t else ""
+                        cells.append(f"{_ms(p50)}{speed}, p99 {_ms(p99)}")
+                    rows.append([v, titles[name], *cells])
+            head = ["variant", "engine", *[f"{c} thread{'s' * (c != 1)}"
+                                           + (" (all)" if c == machine["cores"] else "") for c in counts]]
+            out += [f"Batch {bs[2:]}: p50, speedup over FP32 on {titles[reference]} at the same "
+                    "threads (same rounds), p99:", "", *_table(head, rows), ""]
+        for bs, r in summary.get("recommended", {}).items():
+            gain = f", x{r['speedup']:.2f} the best FP32" if "speedup" in r else ""
+            out.append(f"- Recommended at {bs}: `{r['variant']}` on {titles[r['runtime']]}, "
+                       f"{r['threads']} thread{'s' * (r['threads'] != 1)}, p50 {_ms(r['p50_ms'])}, "
+                       f"p99 {_ms(r['p99_ms'])}{gain}.")
+        srv = summary.get("server")
+        if srv:
+            gain = f", x{srv['speedup']:.2f} FP32's best" if "speedup" in srv else ""
+            out.append(f"- Server (bs{srv['batch_size']}): `{srv['variant']}` on "
+                       f"{titles[srv['runtime']]}, {srv['streams']} stream{'s' * (srv['streams'] != 1)} x "
+                       f"{srv['threads']} thread{'s' * (srv['threads'] != 1)}, "
+                       f"{round(srv['ips'], -2):,.0f} images/s{gain}.")
+        out.append("")
+    return "\n".join(out).rstrip()
+
+
 def render(name: str, root: Path) -> str:
     read = lambda rel: json.loads((root / rel).read_text())  # noqa: E731
     if name == "default":
@@ -554,6 +610,11 @@ def render(name: str, root: Path) -> str:
         return scale_table(read("metrics/scale.json"))
     if name == "spread":
         return spread_table(read("metrics/spread.json"))
+    if name == "machines":
+        others = sorted((root / "metrics/machines").glob("*/summary.json"))
+        return machine_tables([("metrics/summary.json", read("metrics/summary.json"))]
+                              + [(str(p.parent.relative_to(root)) + "/", json.loads(p.read_text()))
+                                 for p in others])
     if name == "yolo_peer":
         path = root / "metrics/yolo_peer.json"
         return yolo_peer_table(read("metrics/yolo_peer.json") if path.exists() else {})

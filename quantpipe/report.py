@@ -3,6 +3,7 @@ gates."""
 
 from __future__ import annotations
 
+from quantpipe import serving, tails
 from quantpipe.profiling import describe_profile
 from quantpipe.errors import UserError
 from quantpipe.machine import describe
@@ -12,7 +13,7 @@ QUANTIZED = ("dynamic", "static", "qat")
 # What may be shipped instead of FP32: the INT8 variants and the FP32 file computed in BF16.
 CANDIDATES = (*QUANTIZED, "bf16")
 # Top-level summary keys that are not model rows.
-RECORDS = ("machine", "runtimes", "skipped", "recommended", "task")
+RECORDS = ("machine", "runtimes", "skipped", "recommended", "server", "task")
 # Below this FP32 latency (ms) per-run overhead, not arithmetic, decides INT8 vs FP32.
 TINY_MODEL_MS = 0.05
 # A quantized model that keeps more than this share of its multiply-accumulates in float
@@ -154,11 +155,14 @@ def bench_setup(benches: dict[str, dict]) -> tuple[dict, list[int]]:
 
 
 def _latency(rows_by_threads: dict[str, dict], threads: list[int], with_speedup: bool) -> dict:
-    """latency_p50_ms (and speedup) at threads[0], and by_threads for every thread count."""
+    """latency_p50_ms, _p90_ms, _p99_ms (and speedup) at threads[0], and by_threads for every
+    thread count."""
     by_threads = {}
     for count in threads:
         rows = rows_by_threads[f"threads{count}"]  # {"bs1": {...}, ...}
-        entry = {"latency_p50_ms": {bs: r["p50_ms"] for bs, r in rows.items()}}
+        # The tail beside the median: what the slowest requests of a server wait.
+        entry = {f"latency_{q}_ms": {bs: r[f"{q}_ms"] for bs, r in rows.items()}
+                 for q in ("p50", "p90", "p99")}
         if with_speedup:
             # Measured against FP32 in the same interleaved rounds (see stages/bench.py):
             # speedup = baseline_p50_ms / latency_p50_ms, FP32's median from those rounds, which
@@ -199,7 +203,7 @@ def recommend(summary: dict, gates: GatesParams) -> dict[str, dict]:
         pick, why = _fastest_then_most_accurate(summary, candidates, bs)
         best = summary[pick]["best"]["latency"][bs]
         row = {"variant": pick, "runtime": best["runtime"], "threads": best["threads"],
-               "p50_ms": best["p50_ms"]}
+               **{k: best[k] for k in ("p50_ms", "p90_ms", "p99_ms")}}
         if pick != "fp32":
             row["speedup"] = best["speedup"]
         row["why"] = why if pick != "fp32" else ("; ".join(reasons) or "no quantized variant")
@@ -207,22 +211,51 @@ def recommend(summary: dict, gates: GatesParams) -> dict[str, dict]:
     return recommended
 
 
+def serve(summary: dict, benches: dict[str, dict]) -> dict:
+    """The recommended configurations as the code that runs them (quantpipe.serving, from the
+    settings each engine recorded in metrics/bench/<variant>.json): `options` and `snippet` on
+    each summary["recommended"] row (one session of its threads), and the server: the variant
+    recommended at the largest batch at its best streams x threads, with its throughput."""
+    def written(variant: str, runtime: str, streams: int, threads: int) -> dict:
+        settings = benches[variant]["runtimes"][runtime]["settings"]
+        model = f"models/{'fp32' if variant == 'bf16' else variant}.onnx"
+        return {"options": serving.options(runtime, settings, streams, threads),
+                "snippet": serving.snippet(runtime, settings, model, streams, threads)}
+
+    recommended = summary["recommended"]
+    for row in recommended.values():
+        row.update(written(row["variant"], row["runtime"], 1, row["threads"]))
+    largest = max(recommended, key=lambda bs: int(bs[2:]))
+    variant = recommended[largest]["variant"]
+    top = summary[variant]["best"]["throughput"]
+    return {"variant": variant, "batch_size": int(largest[2:]), "runtime": top["runtime"],
+            "streams": top["streams"], "threads": top["threads"], "ips": top["ips"],
+            **({"speedup": top["speedup"]} if "speedup" in top else {}),
+            **written(variant, top["runtime"], top["streams"], top["threads"])}
+
+
 # Best latencies within this fraction of the fastest are the same speed: run-to-run noise at
 # bs1 is about that (README), and a recommendation should not flip with it.
-SAME_SPEED = 0.10
+SAME_SPEED = tails.SAME_SPEED
 
 
 def _fastest_then_most_accurate(summary: dict, candidates: list[str], bs: str) -> tuple[str, str]:
-    """Among candidates as fast as the fastest (within SAME_SPEED), the most accurate."""
+    """Among candidates as fast as the fastest (within SAME_SPEED), the most accurate; unless
+    its tail is loose and a candidate as fast as it has a tight one (tails.choose)."""
     if not candidates:
         return "fp32", ""
-    p50 = {v: summary[v]["best"]["latency"][bs]["p50_ms"] for v in candidates}
+    best = {v: summary[v]["best"]["latency"][bs] for v in candidates}
+    p50 = {v: b["p50_ms"] for v, b in best.items()}
     fastest = min(p50, key=p50.get)
     tied = [v for v in candidates if p50[v] <= p50[fastest] * (1 + SAME_SPEED)]
     key = score_keys(summary)[0]
     pick = max(tied, key=lambda v: (summary[v][key], -p50[v]))
     among = ("of the variants within the accuracy gate and faster than FP32 everywhere ("
              + ", ".join(candidates) + ")")
+    steady = tails.choose(candidates, p50=p50.get, p99=lambda v: best[v]["p99_ms"], pick=pick)
+    if steady != pick:
+        return steady, (f"as fast as {pick} (within {SAME_SPEED:.0%}) with a tight tail ({pick}'s "
+                        f"{tails.describe(p50[pick], best[pick]['p99_ms'])}), {among}")
     if pick == fastest:
         return pick, f"the fastest {among}"
     return pick, (f"as fast as {fastest} (within {SAME_SPEED:.0%}) and more accurate "
@@ -441,6 +474,7 @@ def render_markdown(summary: dict, notes: list[str], profiles: dict[str, dict] |
             "interleaved rounds, on this machine only.", "",
             *_kernel_lines(summary),
             *_recommendation(summary, notes),
+            *_server_section(summary),
             f"## {_threads_title(threads[0], machine)}", "",
             *_headline_table(rows, sizes), "",
             *_routes_section(summary, sizes), "",
@@ -535,6 +569,41 @@ def _kernels_section(rows: dict[str, dict], titles: dict[str, str]) -> list[str]
             "this CPU's flags (docs/precision.md)."]
 
 
+def threads_curve(summary: dict, bs: str) -> list[dict]:
+    """Plot data: one row per thread count benched, one column `<variant>_<engine>` per INT8
+    variant (and bf16) and engine, its speedup over FP32 on the reference engine at the same
+    thread count and batch size `bs` (null where it was not timed)."""
+    reference = next(iter(summary["runtimes"]))
+    columns: dict[str, dict] = {}
+    for variant in candidates_of(summary):
+        s = summary[variant]
+        columns[f"{variant}_{s.get('runtime', reference)}"] = s["by_threads"]
+        for name, e in s["runtimes"].items():
+            if "by_threads" in e:
+                columns[f"{variant}_{name}"] = e["by_threads"]
+    counts = sorted(int(k.removeprefix("threads")) for k in summary["fp32"]["by_threads"])
+    return [{"threads": count,
+             **{col: by.get(f"threads{count}", {}).get("speedup", {}).get(bs)
+                for col, by in sorted(columns.items())}} for count in counts]
+
+
+# The columns of threads_curve that dvc.yaml's threads plots name: a plot whose named column is
+# missing is dropped, so each is written, null when not timed.
+CURVE_COLUMNS = ("dynamic_onnxruntime", "dynamic_openvino", "static_onnxruntime", "static_openvino",
+                 "qat_onnxruntime", "qat_openvino", "bf16_openvino")
+
+
+def _server_section(summary: dict) -> list[str]:
+    srv = summary.get("server")
+    if not srv:
+        return []
+    gain = f", x{srv['speedup']:.2f} FP32's best" if "speedup" in srv else ""
+    return [f"**Serve it** (`{srv['variant']}` at bs{srv['batch_size']}, the best streams x threads "
+            f"measured: {_setting(srv, summary['runtimes'])}, {srv['ips']:,.0f} images/s{gain}; "
+            "summary.json `server`, and each recommended row's `snippet`):", "",
+            "```python", srv["snippet"], "```", ""]
+
+
 def _recommendation(summary: dict, notes: list[str]) -> list[str]:
     """The first lines: what to ship per batch size, then every note on INT8 that does not pay
     (or gains less than it could) with its evidence."""
@@ -553,8 +622,8 @@ def recommended_lines(summary: dict) -> list[str]:
     for bs, r in summary.get("recommended", {}).items():
         where = f"{titles[r['runtime']]}, {r['threads']} thread{'s' * (r['threads'] != 1)}"
         gain = f", x{r['speedup']:.2f} the best FP32" if "speedup" in r else ""
-        lines.append(f"- **{bs}: ship `{r['variant']}`** ({where}, {r['p50_ms']:.3f} ms{gain}): "
-                     f"{r['why']}.")
+        lines.append(f"- **{bs}: ship `{r['variant']}`** ({where}, p50 {r['p50_ms']:.3f} ms, "
+                     f"{tails.describe(r['p50_ms'], r['p99_ms'])}{gain}): {r['why']}.")
     if lines:
         lines = [f"**Recommended** (by latency, within `gates.{score_keys(summary)[3]}`, never "
                  "slower than FP32):", "", *lines]
@@ -581,7 +650,8 @@ def _headline_table(rows: dict[str, dict], sizes: list[str]) -> list[str]:
     head = (["variant", "mAP@[.5:.95]", "mAP@.5", "drop (points)", "detection agreement"]
             if detection else ["variant", "accuracy", "drop (pp)", "agreement"])
     head += ["size (MB)", "size ratio"]
-    head += [f"p50 {k} (ms)" for k in sizes] + [f"speedup {k}" for k in sizes]
+    head += [f"p50 {k} (ms)" for k in sizes] + [f"p99 {k} (ms)" for k in sizes]
+    head += [f"speedup {k}" for k in sizes]
     if detection:
         head += [f"end to end speedup {k}" for k in sizes]
     body = []
@@ -593,6 +663,7 @@ def _headline_table(rows: dict[str, dict], sizes: list[str]) -> list[str]:
         cells += [_fmt(s.get("agreement"), ".4f"), f"{s['size_bytes'] / 1e6:.2f}",
                   _fmt(s.get("size_ratio"), ".3f")]
         cells += [_fmt(s["latency_p50_ms"].get(k), ".3f") for k in sizes]
+        cells += [_fmt(s.get("latency_p99_ms", {}).get(k), ".3f") for k in sizes]
         cells += [_fmt(s.get("speedup", {}).get(k), ".2f", prefix="x") for k in sizes]
         if detection:  # torch has no end-to-end row: its decode would be the variants' code
             cells += [_fmt(s.get("end_to_end", {}).get("speedup", {}).get(k), ".2f", prefix="x")
@@ -628,13 +699,17 @@ def _routes_section(summary: dict, sizes: list[str]) -> list[str]:
 
 
 def _threads_table(rows: dict[str, dict], threads: list[int], sizes: list[str]) -> list[str]:
-    head = ["variant", "threads"] + [f"p50 {k} (ms)" for k in sizes] + [f"speedup {k}" for k in sizes]
+    """Every variant at every thread count benched (ascending: the threads curve), p50 / p90 /
+    p99 and the speedup over FP32 at the same count."""
+    head = ["variant", "threads"] + [f"p50 / p90 / p99 {k} (ms)" for k in sizes] + \
+        [f"speedup {k}" for k in sizes]
     body = []
     for variant, s in rows.items():
-        for count in threads:
+        for count in sorted(threads):
             entry = s["by_threads"][f"threads{count}"]
             body.append([variant, str(count)]
-                        + [_fmt(entry["latency_p50_ms"].get(k), ".3f") for k in sizes]
+                        + [" / ".join(_fmt(entry.get(f"latency_{q}_ms", {}).get(k), ".3f")
+                                      for q in ("p50", "p90", "p99")) for k in sizes]
                         + [_fmt(entry.get("speedup", {}).get(k), ".2f", prefix="x") for k in sizes])
     return _table(head, body)
 

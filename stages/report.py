@@ -29,6 +29,7 @@ def main(argv: list[str]) -> None:
     summary = report.build_summary(evals, benches,
                                    None if "skipped" in torch_bench else torch_bench, failed)
     summary["recommended"] = report.recommend(summary, gates)
+    summary["server"] = report.serve(summary, benches)
     profiles = {v: b["kernel_profile"] for v, b in benches.items() if "kernel_profile" in b}
     notes = (report.tolerance_notes(summary, gates)
              + report.slowdown_notes(summary, evals, summary["machine"], profiles, stages)
@@ -44,6 +45,13 @@ def main(argv: list[str]) -> None:
         {"batch_size": int(bs[2:]),
          **{v: rows[v]["latency_p50_ms"][bs] if v in rows else None for v in (*VARIANTS, "torch")}}
         for bs in rows["fp32"]["latency_p50_ms"]])
+    # The threads curve: INT8's speedup over FP32 at each thread count, per variant and engine,
+    # at the smallest and the largest batch.
+    sizes = sorted(rows["fp32"]["latency_p50_ms"], key=lambda k: int(k[2:]))
+    for name, bs in (("smallest", sizes[0]), ("largest", sizes[-1])):
+        curve = report.threads_curve(summary, bs)
+        write_json(metrics / f"plots/threads_{name}_batch.json",
+                   [{"threads": r["threads"], **{c: r.get(c) for c in report.CURVE_COLUMNS}} for r in curve])
     # Accuracy vs size: the ONNX files (the torch checkpoint is the FP32 weights again, bf16
     # the FP32 file again).
     write_json(metrics / "plots/accuracy_size.json", [

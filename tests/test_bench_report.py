@@ -12,7 +12,7 @@ import pytest
 import torch
 from helpers import TwoConvNet, export_to, info_for, structured_images
 
-from quantpipe import bench, concurrency, data, machine, onnxutil, profiling, report
+from quantpipe import bench, concurrency, data, machine, onnxutil, profiling, report, serving, tails
 from quantpipe.errors import UserError
 from quantpipe.bench import StreamConfig
 from quantpipe.runtimes.base import kernel_table
@@ -62,11 +62,17 @@ def test_measure_times_each_runner_the_requested_runs_interleaved():
     # Warm-up: each runner its `warmup` calls, before any timed call.
     assert calls[:4] == ["a", "a", "b", "b"]
     timed = calls[4:]
-    # 3 rounds of 2 runs each; the order of the runners alternates between rounds.
-    assert timed == ["a", "a", "b", "b", "b", "b", "a", "a", "a", "a", "b", "b"]
-    assert ticks == [8, 12, 16]  # one tick after each round
+    # 3 rounds of 2 timed runs each, each turn after min(ROUND_WARMUP, warmup) = 2 untimed
+    # ones (the first runs after another model's turn); the order alternates between rounds.
+    assert bench.ROUND_WARMUP >= 2
+    assert timed == ["a"] * 4 + ["b"] * 8 + ["a"] * 8 + ["b"] * 4
+    assert ticks == [12, 20, 28]  # one tick after each round
     assert set(result) == {"a", "b"}
     assert result["a"].runs == result["b"].runs == 6
+    # Without warm-up (warmup 0) no untimed run at all.
+    calls.clear()
+    bench.measure(_recorders("ab", calls), np.zeros((2, 1)), warmup=0, runs=6, rounds=3)
+    assert calls == ["a", "a", "b", "b", "b", "b", "a", "a", "a", "a", "b", "b"]
 
 
 def test_measure_passes_the_batch_and_reports_its_size():
@@ -78,7 +84,8 @@ def test_measure_passes_the_batch_and_reports_its_size():
         time.sleep(0.001)  # long enough that p50_ms's 5-decimal rounding is negligible
 
     result = bench.measure({"m": run}, x, warmup=1, runs=4, rounds=2)
-    assert all(b is x for b in seen) and len(seen) == 5
+    # 1 warm-up, 4 timed, 1 untimed at the start of each of the 2 rounds
+    assert all(b is x for b in seen) and len(seen) == 1 + 4 + 2
     lat = result["m"]
     assert lat.throughput == pytest.approx(5 / (lat.p50_ms / 1e3), rel=1e-3)
 
@@ -118,6 +125,11 @@ def test_batch_of_takes_the_first_samples():
 def test_resolve_threads_turns_all_into_the_cores_and_drops_repeats():
     assert bench.resolve_threads(("all", 1), cores=8) == (8, 1)
     assert bench.resolve_threads(("all", 1), cores=1) == (1,)  # one core: one thread count
+    # The threads curve: powers of two below the cores, after the headline.
+    assert bench.resolve_threads(("all", "powers"), cores=16) == (16, 1, 2, 4, 8)
+    assert bench.resolve_threads(("all", "powers"), cores=12) == (12, 1, 2, 4, 8)
+    assert bench.resolve_threads(("all", "powers"), cores=2) == (2, 1)
+    assert bench.resolve_threads(("powers", "all"), cores=1) == (1,)
     assert bench.resolve_threads((4, "all", 2, 4), cores=2) == (4, 2)
 
 
@@ -365,7 +377,7 @@ def benches():
             "qat": _bench("qat", {"bs1": 0.1, "bs64": 3.3}, threads=(1, 2))}
 
 
-FP32_KEYS = {"accuracy", "size_bytes", "latency_p50_ms", "by_threads", "throughput_ips",
+FP32_KEYS = {"accuracy", "size_bytes", "latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "by_threads", "throughput_ips",
              "throughput_config", "peak_rss_mb", "load_ms", "best", "runtimes", "kernels"}
 QUANTIZED_KEYS = FP32_KEYS | {"accuracy_drop_pp", "agreement", "size_ratio", "speedup", "baseline_p50_ms",
                               "throughput_speedup"}
@@ -382,8 +394,8 @@ def test_summary_has_exactly_the_contract_keys(evals, benches):
         assert set(entry["latency_p50_ms"]) == set(entry["peak_rss_mb"]) == {"bs1", "bs64"}
         assert set(entry["by_threads"]) == {"threads1", "threads2"}
         for row in entry["by_threads"].values():
-            assert set(row) == ({"latency_p50_ms"} if variant == "fp32" else
-                                {"latency_p50_ms", "speedup", "baseline_p50_ms"})
+            tail = {"latency_p50_ms", "latency_p90_ms", "latency_p99_ms"}
+            assert set(row) == (tail if variant == "fp32" else tail | {"speedup", "baseline_p50_ms"})
     assert set(summary["static"]["speedup"]) == {"bs1", "bs64"}
     json.dumps(summary)
 
@@ -435,12 +447,13 @@ def test_summary_has_the_best_engine_and_the_other_engines(evals, benches):
     best = s["static"]["best"]
     # OpenVINO at half ONNX Runtime's latency, 2 threads; FP32's best is ONNX Runtime's, 2 threads.
     assert best["latency"]["bs64"] == {"runtime": "openvino", "threads": 2, "p50_ms": 0.8,
-                                       "speedup": 5.0, "baseline": {"runtime": "onnxruntime",
-                                                                "threads": 2, "p50_ms": 4.0}}
+                                       "p90_ms": 0.8, "p99_ms": 0.8, "speedup": 5.0,
+                                       "baseline": {"runtime": "onnxruntime", "threads": 2,
+                                                    "p50_ms": 4.0, "p90_ms": 4.0, "p99_ms": 4.0}}
     assert best["throughput"]["runtime"] == "openvino" and best["throughput"]["speedup"] == 5.0
     assert set(s["static"]["runtimes"]) == {"openvino"}  # ONNX Runtime's are the variant's own keys
     ov = s["static"]["runtimes"]["openvino"]
-    assert set(ov) == {"latency_p50_ms", "speedup", "baseline_p50_ms", "by_threads",
+    assert set(ov) == {"latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "speedup", "baseline_p50_ms", "by_threads",
                        "throughput_ips", "throughput_config", "throughput_speedup", "parity"}
     assert set(ov["by_threads"]) == {f"threads{t}" for t in benches["static"]["threads"]}
     assert ov["latency_p50_ms"] == {"bs1": 0.025, "bs64": 0.8}  # the headline thread count (2)
@@ -512,6 +525,92 @@ def test_recommended_never_names_a_variant_slower_than_fp32_anywhere(evals, benc
     assert "- **bs1: ship `fp32`** (" in head and "static is slower than FP32 (x0.80 at 2 thread(s))" in head
     assert "- **bs64: ship `static`** (OpenVINO, 2 threads" in head
     assert "**Where INT8 does not pay (or pays less)**:\n\n- static is slower than FP32 at bs1: why." in head
+
+
+def test_best_never_picks_a_loose_tail_when_a_configuration_as_fast_has_a_tight_one():
+    """The 16-core case: ONNX Runtime static at every thread, bs1, p50 0.131 ms, p99 30x it;
+    fewer threads 5% slower with a tight tail. A tight one 20% slower does not displace it."""
+    def lat(p50, p99):
+        return bench.Latency(p50_ms=p50, p90_ms=p50, p99_ms=p99, mean_ms=p50, std_ms=0.0,
+                             throughput=1.0, runs=300)
+    int8, fp32 = ("int8", "ort"), ("fp32", "ort")
+    grid = {"threads16": {"bs1": {int8: lat(0.131, 3.9), fp32: lat(0.14, 0.2)}},
+            "threads8": {"bs1": {int8: lat(0.137, 0.2), fp32: lat(0.15, 0.2)}},
+            "threads1": {"bs1": {int8: lat(0.30, 0.4), fp32: lat(0.6, 0.8)}}}
+    best = bench.best_configuration(grid, {}, "int8", ["ort"], "fp32", ["ort"])["latency"]["bs1"]
+    assert (best["threads"], best["p50_ms"], best["p99_ms"]) == (8, 0.137, 0.2)
+    grid["threads8"]["bs1"][int8] = lat(0.16, 0.2)  # 22% slower: the fast median stays
+    best = bench.best_configuration(grid, {}, "int8", ["ort"], "fp32", ["ort"])["latency"]["bs1"]
+    assert (best["threads"], best["p99_ms"]) == (16, 3.9)
+    assert tails.describe(0.131, 3.9) == "p99 3.900 ms (x29.8 p50, loose)"
+    assert tails.describe(0.137, 0.2) == "p99 0.200 ms (x1.5 p50)"
+
+
+def test_recommended_prefers_a_tight_tail_among_equals_and_states_it(evals, benches):
+    summary = report.build_summary(evals, benches)
+    # qat (the more accurate of the two equals at bs64) with a loose tail: static has a tight one.
+    summary["qat"]["best"]["latency"]["bs64"]["p99_ms"] = 10 * summary["qat"]["best"]["latency"]["bs64"]["p50_ms"]
+    rec = report.recommend(summary, GatesParams())
+    assert rec["bs64"]["variant"] == "static"
+    assert rec["bs64"]["why"].startswith("as fast as qat (within 10%) with a tight tail (qat's p99 ")
+    assert rec["bs64"]["p99_ms"] == summary["static"]["best"]["latency"]["bs64"]["p99_ms"]
+    summary["recommended"] = rec
+    head = report.render_markdown(summary, []).split("## ")[0]
+    p50, p99 = rec["bs64"]["p50_ms"], rec["bs64"]["p99_ms"]
+    assert f"p50 {p50:.3f} ms, p99 {p99:.3f} ms (x{p99 / p50:.1f} p50)" in head
+
+
+def test_the_server_snippet_runs_and_builds_what_the_bench_timed(evals, benches, tmp_path):
+    """summary.json's `server` and each recommended row carry the exact options; the ONNX
+    Runtime snippet, executed, builds `streams` sessions of `threads` threads that run."""
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 2))
+    path = tmp_path / "models/static.onnx"
+    path.parent.mkdir()
+    torch.onnx.export(model, torch.zeros(1, 1, 2, 2), str(path), dynamo=False,
+                      input_names=["x"], dynamic_axes={"x": {0: "batch"}})
+    settings = {"graph_optimization_level": "ORT_ENABLE_ALL", "inter_op_num_threads": 1,
+                "session.force_spinning_stop": 1}
+    for b in benches.values():
+        b["runtimes"]["onnxruntime"]["settings"] = settings
+        b["runtimes"]["openvino"]["settings"] = {
+            "device": "CPU", "latency": {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": "<threads>"},
+            "throughput": {"PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": "<streams>",
+                           "INFERENCE_NUM_THREADS": "<streams x threads>"}}
+    evals["qat"]["accuracy"] = 0.9  # out of the gate: static is recommended
+    summary = report.build_summary(evals, benches)
+    summary["recommended"] = report.recommend(summary, GatesParams())
+    server = report.serve(summary, benches)
+    top = summary["static"]["best"]["throughput"]
+    assert (server["variant"], server["runtime"], server["streams"], server["threads"]) == (
+        "static", top["runtime"], top["streams"], top["threads"])
+    assert server["options"]["config"] == {"PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": 2,
+                                           "INFERENCE_NUM_THREADS": 2}
+    ort_code = serving.snippet("onnxruntime", settings, str(path), 2, 1)
+    scope: dict = {}
+    exec(ort_code, scope)
+    sessions = scope["sessions"]
+    assert len(sessions) == 2
+    assert sessions[0].get_session_options().intra_op_num_threads == 1
+    assert sessions[1].run(None, {"x": np.ones((3, 1, 2, 2), np.float32)})[0].shape == (3, 2)
+    for rec in summary["recommended"].values():  # one session (stream) of the row's threads
+        options = rec["options"]
+        assert (options["intra_op_num_threads"] if rec["runtime"] == "onnxruntime" else
+                options["config"]["INFERENCE_NUM_THREADS"]) == rec["threads"]
+        assert f'"models/{rec["variant"]}.onnx"' in rec["snippet"]
+    summary["server"] = server
+    assert "**Serve it** (`static` at bs64" in report.render_markdown(summary, [])
+
+
+def test_threads_curve_has_a_column_per_variant_and_engine(evals, benches):
+    summary = report.build_summary(evals, benches)
+    curve = report.threads_curve(summary, "bs64")
+    assert [r["threads"] for r in curve] == [1, 2]
+    assert set(curve[0]) == {"threads", "dynamic_onnxruntime", "dynamic_openvino", "static_onnxruntime",
+                             "static_openvino", "qat_onnxruntime", "qat_openvino"}
+    assert set(curve[0]) - {"threads"} <= set(report.CURVE_COLUMNS)
+    assert curve[1]["static_onnxruntime"] == summary["static"]["by_threads"]["threads2"]["speedup"]["bs64"]
+    assert curve[0]["static_openvino"] == \
+        summary["static"]["runtimes"]["openvino"]["by_threads"]["threads1"]["speedup"]["bs64"]
 
 
 # --- gates ------------------------------------------------------------------------------------
@@ -679,14 +778,19 @@ def test_markdown_names_the_machine_and_has_every_section(evals, benches):
                             "Memory and start-up (a fresh process, 2 thread(s))"]
     headline = {row[0]: row for row in tables["2 intra-op threads (all cores)"]}
     assert list(headline) == ["variant", "fp32", "dynamic", "static", "qat"]
-    assert headline["variant"][6:] == ["p50 bs1 (ms)", "p50 bs64 (ms)", "speedup bs1", "speedup bs64"]
+    assert headline["variant"][6:] == ["p50 bs1 (ms)", "p50 bs64 (ms)", "p99 bs1 (ms)", "p99 bs64 (ms)",
+                                       "speedup bs1", "speedup bs64"]
     assert all(len(row) == len(headline["variant"]) for row in headline.values())
     # 2 threads: the fixture's latencies halve, speedups stay.
     assert headline["static"][1:4] == ["0.9700", "1.00", "0.9850"]
-    assert headline["static"][6:] == ["0.050", "1.600", "x2.00", "x2.50"]
+    assert headline["static"][6:8] == ["0.050", "1.600"] and headline["static"][10:] == ["x2.00", "x2.50"]
+    assert [float(c) for c in headline["static"][8:10]] == [  # p99 beside p50
+        pytest.approx(summary["static"]["latency_p99_ms"][k], abs=5e-4) for k in ("bs1", "bs64")]
     assert headline["fp32"][2] == "—"  # no drop/speedup for the baseline
-    by_threads = [row[:3] for row in tables["Latency by thread count"][1:]]
-    assert by_threads[:2] == [["fp32", "2", "0.100"], ["fp32", "1", "0.200"]]
+    # The threads curve, ascending; p50 / p90 / p99 in one cell.
+    by_threads = [row[:2] + [row[2].split(" / ")[0]] for row in tables["Latency by thread count"][1:]]
+    assert by_threads[:2] == [["fp32", "1", "0.200"], ["fp32", "2", "0.100"]]
+    assert len(tables["Latency by thread count"][1][2].split(" / ")) == 3
     assert len(by_threads) == 8
     throughput = {row[0]: row for row in tables["Throughput, every core busy (2 cores, largest batch)"]}
     assert throughput["static"] == ["static", "2 streams x 1 thread", "50,000", "x2.50"]
@@ -728,7 +832,8 @@ def test_markdown_shows_torch_in_the_latency_tables_only(evals, benches):
     torch_bench = {"accuracy": 0.98, "size_bytes": 4_000_000,
                    "latency": _bench("torch", {"bs1": 0.5, "bs64": 16.0})["latency"]}
     summary = report.build_summary(evals, benches, torch_bench)
-    assert set(summary["torch"]) == {"accuracy", "size_bytes", "latency_p50_ms", "speedup", "baseline_p50_ms", "by_threads"}
+    assert set(summary["torch"]) == {"accuracy", "size_bytes", "latency_p50_ms", "latency_p90_ms",
+                                     "latency_p99_ms", "speedup", "baseline_p50_ms", "by_threads"}
     assert summary["torch"]["speedup"] == {"bs1": pytest.approx(0.4), "bs64": pytest.approx(0.5)}
     tables = _tables(report.render_markdown(summary, []))
     sections = {title: {row[0] for row in rows} for title, rows in tables.items()}

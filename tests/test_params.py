@@ -206,7 +206,7 @@ def test_strings_become_ort_enums():
 
 
 def test_bench_threads_take_counts_and_the_word_all():
-    assert Params().bench.threads == ("all", 1)  # the headline is all cores
+    assert Params().bench.threads == ("all", "powers")  # the headline is all cores, then the curve
     assert parse_params({"bench": {"threads": [4, "all", 2]}}).bench.threads == (4, "all", 2)
     assert parse_params({"gates": {"max_peak_rss_mb": 512}}).gates.max_peak_rss_mb == 512.0
     assert Params().gates.max_peak_rss_mb is None

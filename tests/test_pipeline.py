@@ -61,15 +61,16 @@ def test_first_repro_runs_every_stage_and_writes_the_contract(project):
             assert all(row["speedup"][bs] >= 1.0 for row in entry["by_threads"].values())
             assert pick["speedup"] == entry["best"]["latency"][bs]["speedup"] >= 1.0
     cores = summary["machine"]["cores"]
-    threads = {f"threads{cores}", "threads1"}  # bench.threads: [all, 1]
+    threads = {f"threads{2 ** i}" for i in range(cores.bit_length())} | {f"threads{cores}"}  # [all, powers]
     deploy = {"by_threads", "throughput_ips", "throughput_config", "peak_rss_mb", "load_ms",
               "best", "runtimes", "kernels"}
-    assert set(summary["fp32"]) == {"accuracy", "size_bytes", "latency_p50_ms"} | deploy
+    tail = {"latency_p90_ms", "latency_p99_ms"}
+    assert set(summary["fp32"]) == {"accuracy", "size_bytes", "latency_p50_ms"} | tail | deploy
     versus_bf16 = {"speedup_vs_bf16", "throughput_speedup_vs_bf16"} if NATIVE_BF16 else set()
     for variant in ("dynamic", "static", "qat"):
         assert set(summary[variant]) == {"accuracy", "accuracy_drop_pp", "agreement", "size_bytes",
                                          "size_ratio", "latency_p50_ms", "speedup",
-                                         "baseline_p50_ms", "throughput_speedup"} | deploy | versus_bf16
+                                         "baseline_p50_ms", "throughput_speedup"} | tail | deploy | versus_bf16
         assert set(summary[variant]["speedup"]) == {"bs1", "bs8"}
         assert set(summary[variant]["by_threads"]) == threads
         # The headline is the first entry of bench.threads: all cores.

@@ -214,20 +214,20 @@ def test_best_configuration_picks_the_fastest_trusted_engine_and_setting():
     ips = {("int8", "a"): {one: 100.0, two: 150.0}, ("int8", "b"): {one: 300.0, two: 200.0},
            ("fp32", "a"): {one: 50.0, two: 40.0}, ("fp32", "b"): {one: 30.0, two: 60.0}}
     best = bench.best_configuration(grid, ips, "int8", ["a", "b"], "fp32", ["a", "b"])
-    assert best["latency"]["bs1"] == {"runtime": "b", "threads": 1, "p50_ms": 0.02, "speedup": 4.5,
-                                      "baseline": {"runtime": "b", "threads": 1, "p50_ms": 0.09}}
+    assert best["latency"]["bs1"] == {"runtime": "b", "threads": 1, "p50_ms": 0.02, "p90_ms": 0.02, "p99_ms": 0.02, "speedup": 4.5,
+                                      "baseline": {"runtime": "b", "threads": 1, "p50_ms": 0.09, "p90_ms": 0.09, "p99_ms": 0.09}}
     assert best["latency"]["bs64"]["runtime"] == "b" and best["latency"]["bs64"]["speedup"] == 3.0
     assert best["throughput"] == {"runtime": "b", "streams": 1, "threads": 2, "ips": 300.0,
                                   "speedup": 5.0, "baseline": {"runtime": "b", "streams": 2,
                                                            "threads": 1, "ips": 60.0}}
     # Engine b untrusted for int8: a's best against FP32's best over both engines.
     only_a = bench.best_configuration(grid, ips, "int8", ["a"], "fp32", ["a", "b"])
-    assert only_a["latency"]["bs64"] == {"runtime": "a", "threads": 2, "p50_ms": 2.0, "speedup": 1.5,
-                                         "baseline": {"runtime": "a", "threads": 2, "p50_ms": 3.0}}
+    assert only_a["latency"]["bs64"] == {"runtime": "a", "threads": 2, "p50_ms": 2.0, "p90_ms": 2.0, "p99_ms": 2.0, "speedup": 1.5,
+                                         "baseline": {"runtime": "a", "threads": 2, "p50_ms": 3.0, "p90_ms": 3.0, "p99_ms": 3.0}}
     assert only_a["throughput"]["runtime"] == "a" and only_a["throughput"]["speedup"] == 2.5
     # The baseline itself: its fastest configuration, no speedup.
     fp32 = bench.best_configuration(grid, ips, "fp32", ["a", "b"], "fp32", ["a", "b"])
-    assert fp32["latency"]["bs1"] == {"runtime": "b", "threads": 1, "p50_ms": 0.09}
+    assert fp32["latency"]["bs1"] == {"runtime": "b", "threads": 1, "p50_ms": 0.09, "p90_ms": 0.09, "p99_ms": 0.09}
     assert "speedup" not in fp32["throughput"] and fp32["throughput"]["ips"] == 60.0
 
 

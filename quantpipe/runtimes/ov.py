@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from collections import Counter
 
-import openvino as ov
-
+from quantpipe.errors import UserError
 from quantpipe.runtimes.base import Runner, RuntimeUnavailable
+
+try:
+    import openvino as ov
+except ImportError:  # optional: a machine that benches with ONNX Runtime alone need not have it
+    ov = None
 
 # quantpipe's precision -> OpenVINO's inference precision. OpenVINO runs an FP32 model in BF16
 # on CPUs with native BF16 (AMX-BF16, AVX-512 BF16) unless told otherwise: faster, but a
@@ -27,6 +31,9 @@ class OpenVino:
     def __init__(self, level=None, precision: str = "fp32") -> None:
         # level (ONNX Runtime's graph optimization level) does not apply: OpenVINO compiles
         # the graph its own way.
+        if ov is None:
+            raise UserError("bench.runtimes names openvino, which is not installed here: "
+                            "pip install openvino, or leave it out of bench.runtimes")
         self.core = ov.Core()
         self.precision = precision
         self.hint = {"INFERENCE_PRECISION_HINT": INFERENCE_PRECISION[precision]}
@@ -78,7 +85,7 @@ class OpenVino:
         compiled = self._compile(path, self._throughput_config(streams, streams * threads))
         return [_request_runner(compiled, path) for _ in range(streams)]
 
-    def _compile(self, path, config: dict) -> ov.CompiledModel:
+    def _compile(self, path, config: dict) -> "ov.CompiledModel":
         try:
             return self.core.compile_model(self.core.read_model(str(path)), "CPU", config)
         except RuntimeError as e:
@@ -86,7 +93,7 @@ class OpenVino:
                                      f"({reason(str(e))})") from None
 
 
-def _request_runner(compiled: ov.CompiledModel, path) -> Runner:
+def _request_runner(compiled: "ov.CompiledModel", path) -> Runner:
     request = compiled.create_infer_request()
 
     def run(batch):

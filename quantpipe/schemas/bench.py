@@ -10,6 +10,9 @@ from quantpipe.params import check
 
 # bench.threads' word for "every physical core of the machine that measures".
 ALL_CORES = "all"
+# bench.threads' word for the curve below it: 1, 2, 4, ... threads, each power of two under
+# the core count (none more on 2 cores than 1; 1, 2, 4, 8 on 16).
+POWERS = "powers"
 
 
 @dataclass(frozen=True)
@@ -17,10 +20,11 @@ class BenchParams:
     SECTION: ClassVar[str] = "bench"
 
     batch_sizes: tuple[int, ...] = (1, 64)
-    # Intra-op threads per ORT session: counts, or "all" (the physical cores recorded in
-    # metrics/machine.json). The first entry is the headline (summary latency_p50_ms/speedup):
-    # all cores, ORT's default and what people deploy with; 1 thread shows the per-core gain.
-    threads: tuple[int | str, ...] = (ALL_CORES, 1)
+    # Intra-op threads per session: counts, "all" (the physical cores recorded in
+    # metrics/machine.json) or "powers" (1, 2, 4, ... below all: the threads curve). The first
+    # entry is the headline (summary latency_p50_ms/speedup): all cores, ORT's default and what
+    # people deploy with; the curve shows where INT8 stops scaling (1 thread: the per-core gain).
+    threads: tuple[int | str, ...] = (ALL_CORES, POWERS)
     warmup: int = 10
     # Timed runs per (variant, batch size, threads), split into interleaved rounds; in
     # throughput mode, batches per configuration and round = runs // rounds.
@@ -44,10 +48,11 @@ class BenchParams:
     def __post_init__(self) -> None:
         check(bool(self.batch_sizes) and all(b >= 1 for b in self.batch_sizes),
               "bench.batch_sizes", list(self.batch_sizes), "a non-empty list of integers >= 1")
-        check(bool(self.threads) and all(t == ALL_CORES or (isinstance(t, int) and t >= 1)
+        check(bool(self.threads) and all(t in (ALL_CORES, POWERS) or (isinstance(t, int) and t >= 1)
                                          for t in self.threads),
               "bench.threads", list(self.threads),
-              f"a non-empty list of integers >= 1 or {ALL_CORES!r} (every physical core)")
+              f"a non-empty list of integers >= 1, {ALL_CORES!r} (every physical core) or "
+              f"{POWERS!r} (1, 2, 4, ... below every core)")
         check(self.warmup >= 0, "bench.warmup", self.warmup, "an integer >= 0")
         check(self.rounds >= 1, "bench.rounds", self.rounds, "an integer >= 1")
         check(self.max_seconds is None or self.max_seconds > 0, "bench.max_seconds",

@@ -1,0 +1,279 @@
+"""Measure on another machine: pack what `stages.bench` needs, run it there, bring the JSON back.
+
+CI's machine has 2 cores; people deploy on 8 to 64. This runs quantpipe's own bench stage, on
+the pipeline's own model files and test split, on a bigger machine, and keeps its figures beside
+this machine's, named by the machine.json it records there:
+
+    python scripts/remote_bench.py pack build/bench-bundle.tar.gz --python-version 3.12
+    python scripts/remote_bench.py run build/bench-bundle.tar.gz --target ssh:HOST:/tmp/qp-bench
+    python scripts/remote_bench.py run build/bench-bundle.tar.gz --target local:/tmp/qp-bench
+    make docs                                     # docs/results.md: a table per machine
+
+`pack` takes the code (quantpipe/, stages/), params.yaml (bench.runtimes narrowed to what the
+target will have), models/*.onnx, the test split (data/prepared) and wheels of this
+environment's versions of the packages the bench imports (--packages; pip download for the
+target's Python, --with-deps for a bare one). There, a pinned package the target lacks or has in
+another version is installed from them into a virtualenv that sees the target's own packages
+(its torch, onnx, numpy), so both machines run the same ONNX Runtime. `run` unpacks the bundle on the
+target, runs `remote_bench.py target` there (stages.machine, then stages.bench for every
+variant) and collects what it wrote; `collect` does the last step for results brought back by
+other means (a machine reached through a batch system: unpack the bundle there, run
+`python3 remote_bench.py target --out results`, `tar czf results.tar.gz results`).
+
+Collected into metrics/machines/<cpu>-<cores>c/: machine.json, eval/ and bench/<variant>.json
+(stages.evaluate and stages.bench there: INT8 accuracy is checked where it runs, as on any new
+machine), and that machine's report by stages.report here (summary.json, report.md, plots/;
+PyTorch eager is not benched there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import io
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MACHINES = Path("metrics/machines")
+VARIANTS = ("fp32", "dynamic", "static", "qat", "bf16")
+# What stages.machine and stages.bench import: import name -> distribution (pip) name; and
+# openvino, when bench.runtimes names it.
+NEEDS = {"numpy": "numpy", "onnx": "onnx", "onnxruntime": "onnxruntime", "yaml": "pyyaml",
+         "tqdm": "tqdm"}
+
+
+# --- here: pack -------------------------------------------------------------------------------
+
+def pack(project: Path, out: Path, runtimes: list[str], packages: list[str],
+         python_version: str | None, with_deps: bool) -> Path:
+    """The bundle: a .tar.gz whose root holds remote_bench.py, quantpipe/, stages/,
+    params.yaml, models/, data/prepared/ (the test split) and wheels/ (with requirements.txt,
+    the pins the target must match)."""
+    import yaml
+
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["bench"]["runtimes"] = runtimes
+    models = [project / f"models/{v}.onnx" for v in VARIANTS if v != "bf16"]
+    for required in ("fp32", "static"):
+        if not (project / f"models/{required}.onnx").exists():
+            raise SystemExit(f"{project / 'models' / required}.onnx is missing: run `make repro` "
+                             "first (the bundle carries the pipeline's model files)")
+    with tempfile.TemporaryDirectory() as tmp:
+        wheel_dir = Path(tmp) / "wheels"
+        wheel_dir.mkdir()
+        pins = [f"{dist}=={importlib.metadata.version(dist)}" for dist in packages]
+        (wheel_dir / "requirements.txt").write_text("".join(f"{pin}\n" for pin in pins))
+        if pins:
+            if not python_version:
+                raise SystemExit("--packages needs --python-version: the target's Python, which "
+                                 "the wheels are downloaded for")
+            download(wheel_dir, pins, python_version, with_deps)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        partial = out.with_name(out.name + ".partial")
+        with tarfile.open(partial, "w:gz") as tar:
+            tar.add(__file__, "remote_bench.py")
+            for package in ("quantpipe", "stages"):
+                tar.add(project / package, package, filter=_source_only)
+            info = tarfile.TarInfo("params.yaml")
+            text = yaml.safe_dump(params, sort_keys=False).encode()
+            info.size = len(text)
+            tar.addfile(info, io.BytesIO(text))
+            for m in models:
+                if m.exists() and m.stat().st_size:  # qat.onnx is empty when its stage skipped
+                    tar.add(m, f"models/{m.name}")
+            tar.add(project / "data/prepared", "data/prepared")
+            tar.add(wheel_dir, "wheels")
+        carried = sorted(w.name.split("-")[0] for w in wheel_dir.glob("*.whl"))
+        partial.rename(out)
+    print(f"packed {out} ({out.stat().st_size / 2**20:.1f} MiB; bench.runtimes {runtimes}; "
+          f"wheels: {', '.join(carried) or 'none'})")
+    return out
+
+
+def _source_only(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    return None if "__pycache__" in info.name or info.name.endswith(".pyc") else info
+
+
+def download(into: Path, pins: list[str], python_version: str, with_deps: bool) -> None:
+    """Wheels of `pins` for the target's Python on x86-64 Linux; their dependencies too when
+    with_deps (a bare Python), else the target must have them (it has torch: numpy, protobuf)."""
+    cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q",
+           "--only-binary=:all:", *([] if with_deps else ["--no-deps"]),
+           "--python-version", python_version, "--implementation", "cp", "-d", str(into),
+           *[a for tag in ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64")
+             for a in ("--platform", tag)], *pins]
+    subprocess.run(cmd, check=True)
+
+
+# --- there: the target's side -----------------------------------------------------------------
+
+def target(out: Path, python: str) -> None:
+    """Run in the unpacked bundle on the machine to measure: the packages it lacks from
+    wheels/, then stages.machine and stages.bench of every variant into `out`."""
+    here = Path.cwd()
+    pins = (here / "wheels/requirements.txt").read_text().split()
+    differ = [pin for pin in pins if _installed(python, pin.split("==")[0]) != pin.split("==")[1]]
+    if differ:
+        venv = here / ".venv"
+        subprocess.run([python, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+        python = str(venv / "bin/python")
+        subprocess.run([python, "-m", "pip", "install", "--disable-pip-version-check", "-q",
+                        "--no-index", "--find-links", str(here / "wheels"), *differ], check=True)
+        print(f"installed from the bundle's wheels: {', '.join(differ)}", flush=True)
+    missing = [m for m in NEEDS if not _importable(python, m)]
+    if missing:
+        raise SystemExit(f"this Python ({python}) lacks {', '.join(missing)}: pack the bundle "
+                         f"with --packages {' '.join(NEEDS[m] for m in missing)} (--with-deps "
+                         "for a Python that has nothing)")
+    env = {**os.environ, "PYTHONPATH": str(here)}
+    out.mkdir(parents=True, exist_ok=True)
+    machine = out / "machine.json"
+    subprocess.run([python, "-m", "stages.machine", "--out", str(machine)], check=True, env=env)
+    # Accuracy too: INT8 kernels differ by instruction set, so it is checked where it runs.
+    for stage in ("evaluate", "bench"):
+        for variant in VARIANTS:
+            model = here / f"models/{'fp32' if variant == 'bf16' else variant}.onnx"
+            if not model.exists():
+                model.parent.mkdir(exist_ok=True)
+                model.touch()  # qat skipped on this pipeline: an empty file, as its stage leaves
+            extra = (["--confusion", str(out / f"plots/confusion_{variant}.json"),
+                      "--detections", str(out / f"detections/{variant}.json")]
+                     if stage == "evaluate" else [])
+            subprocess.run([python, "-m", f"stages.{stage}", variant, "--model", str(model),
+                            "--fp32", str(here / "models/fp32.onnx"),
+                            "--data", str(here / "data/prepared"), "--machine", str(machine),
+                            "--metrics", str(out / f"{'eval' if stage == 'evaluate' else stage}/{variant}.json"),
+                            *extra], check=True, env=env)
+
+
+def _installed(python: str, dist: str) -> str | None:
+    """The version of distribution `dist` that `python` has, or None."""
+    code = (f"import importlib.metadata as m\ntry: print(m.version({dist!r}))\n"
+            "except m.PackageNotFoundError: pass")
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True).stdout.strip()
+    return out or None
+
+
+def _importable(python: str, module: str) -> bool:
+    return subprocess.run([python, "-c", f"import {module}"], capture_output=True).returncode == 0
+
+
+# --- here: run there, collect -----------------------------------------------------------------
+
+def run(project: Path, bundle: Path, where: str, python: str) -> Path:
+    """Unpack `bundle` on the target, run its bench there and collect the results.
+    where: local:DIR (this machine, in another directory: the same commands without ssh) or
+    ssh:HOST:DIR."""
+    kind, _, rest = where.partition(":")
+    if kind == "local":
+        host, directory = None, rest
+    elif kind == "ssh" and ":" in rest:
+        host, directory = rest.split(":", 1)
+    else:
+        raise SystemExit(f"--target {where!r}: expected local:DIR or ssh:HOST:DIR")
+    d = shlex.quote(directory)
+
+    def there(command: str, **kwargs) -> subprocess.CompletedProcess:
+        argv = ["sh", "-c", command] if host is None else ["ssh", host, command]
+        return subprocess.run(argv, check=True, **kwargs)
+
+    with bundle.open("rb") as f:
+        there(f"rm -rf {d} && mkdir -p {d} && tar -xzf - -C {d}", stdin=f)
+    there(f"cd {d} && {shlex.quote(python)} remote_bench.py target --out results")
+    results = there(f"cd {d} && tar -czf - results", stdout=subprocess.PIPE).stdout
+    with tempfile.NamedTemporaryFile(suffix=".tar.gz") as tmp:
+        tmp.write(results)
+        tmp.flush()
+        return collect(project, Path(tmp.name))
+
+
+def machine_name(machine: dict) -> str:
+    """metrics/machines/<this>: the CPU model and core count, as a path segment."""
+    cpu = re.sub(r"\((r|tm)\)|\bprocessor\b|\bcpu\b|@.*", "", machine.get("cpu", "cpu"), flags=re.I)
+    slug = re.sub(r"[^a-z0-9]+", "-", cpu.lower()).strip("-") or "cpu"
+    return f"{slug}-{machine['cores']}c"
+
+
+def collect(project: Path, results: Path) -> Path:
+    """Results of `target` (a .tar.gz holding results/) into project's
+    metrics/machines/<name>/, with that machine's report (this machine's accuracy, its benches)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        with tarfile.open(results) as tar:
+            tar.extractall(tmp, filter="data")
+        got = Path(tmp) / "results"
+        machine = json.loads((got / "machine.json").read_text())
+        dest = project / MACHINES / machine_name(machine)
+        if dest.exists():
+            shutil.rmtree(dest)
+        dest.mkdir(parents=True)
+        shutil.copy(got / "machine.json", dest / "machine.json")
+        for folder in ("eval", "bench"):
+            shutil.copytree(got / folder, dest / folder)
+    # What the quantize stages recorded (a static model out of its criterion is never
+    # recommended): the same files there.
+    local = project / "metrics"
+    for name in ("quantize_static.json", "quantize_qat.json"):
+        shutil.copy(local / name, dest / name)
+    (dest / "bench/torch.json").write_text(json.dumps(
+        {"variant": "torch", "skipped": "PyTorch eager is benched on the pipeline's own machine only"},
+        indent=2) + "\n")
+    # That machine's summary and report, by the report stage itself (gates are this project's:
+    # a gate that fails there is printed, the report is written first).
+    proc = subprocess.run([sys.executable, "-m", "stages.report", "--metrics", str(dest)],
+                          cwd=project, capture_output=True, text=True)
+    if not (dest / "summary.json").exists():
+        raise SystemExit(f"stages.report failed on {dest}: {proc.stderr.strip().splitlines()[-1:]}")
+    for line in proc.stderr.splitlines():
+        if line.startswith("gate:"):
+            print(f"{dest.name}: {line}")
+    print(f"collected {dest.relative_to(project)} ({json.loads((dest / 'summary.json').read_text())['machine']['cpu']}); "
+          "`make docs` renders its tables")
+    return dest
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--project", type=Path, default=ROOT,
+                        help="the pipeline whose models, data and metrics/ it uses (default: this one)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("pack", help="the bundle for another machine")
+    p.add_argument("out", type=Path)
+    p.add_argument("--runtimes", nargs="+", default=["onnxruntime", "openvino"],
+                   help="bench.runtimes there (the openvino wheel alone is ~60 MB)")
+    p.add_argument("--packages", nargs="*", default=[],
+                   help="distributions to carry as wheels of this environment's versions "
+                        "(e.g. onnxruntime pyyaml tqdm openvino)")
+    p.add_argument("--python-version", help="the target's Python (3.12): the wheels are for it")
+    p.add_argument("--with-deps", action="store_true", help="their dependencies too (a bare Python)")
+    r = sub.add_parser("run", help="unpack the bundle on a target, bench there, collect")
+    r.add_argument("bundle", type=Path)
+    r.add_argument("--target", required=True, help="local:DIR or ssh:HOST:DIR")
+    r.add_argument("--python", default="python3", help="the target's Python")
+    t = sub.add_parser("target", help="(on the target, in the unpacked bundle) bench this machine")
+    t.add_argument("--out", type=Path, default=Path("results"))
+    c = sub.add_parser("collect", help="results.tar.gz from a target into metrics/machines/")
+    c.add_argument("results", type=Path)
+    args = parser.parse_args()
+    project = args.project.resolve()
+    if args.command == "pack":
+        pack(project, args.out, args.runtimes, args.packages, args.python_version, args.with_deps)
+    elif args.command == "run":
+        run(project, args.bundle, args.target, args.python)
+    elif args.command == "target":
+        target(args.out, sys.executable)
+    else:
+        collect(project, args.results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

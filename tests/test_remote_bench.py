@@ -1,0 +1,85 @@
+"""scripts/remote_bench.py end to end against a local target: pack the tiny pipeline's models,
+test split and code, unpack and run them in another directory (the commands an ssh target gets,
+without ssh), bring the JSON back into metrics/machines/<name>/ with that machine's report."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+from conftest import copy_project
+
+from quantpipe.machine import probe
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts/remote_bench.py"
+_spec = importlib.util.spec_from_file_location("remote_bench", SCRIPT)
+remote_bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(remote_bench)
+
+
+def _script(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def collected(tiny_run, tmp_path_factory):
+    work = tmp_path_factory.mktemp("remote")
+    project = copy_project(tiny_run[0], work / "project")
+    bundle = work / "bundle.tar.gz"
+    _script("--project", str(project), "pack", str(bundle), "--runtimes", "onnxruntime", cwd=work)
+    run = _script("--project", str(project), "run", str(bundle), "--target",
+                  f"local:{work / 'target'}", "--python", sys.executable, cwd=work)
+    return project, bundle, work / "target", run.stdout
+
+
+def test_the_bundle_carries_code_models_data_and_narrowed_params(collected):
+    _, bundle, _, _ = collected
+    with tarfile.open(bundle) as tar:
+        names = set(tar.getnames())
+        params = tar.extractfile("params.yaml").read().decode()
+    assert {"remote_bench.py", "params.yaml", "stages/bench.py", "quantpipe/bench.py",
+            "models/fp32.onnx", "models/static.onnx", "data/prepared/test_x.npy",
+            "wheels/requirements.txt"} <= names
+    assert not any("__pycache__" in n for n in names)
+    assert "runtimes:\n  - onnxruntime\n" in params  # what the target will have
+
+
+def test_the_target_measured_and_the_results_came_back_named_by_its_machine(collected):
+    project, _, target, stdout = collected
+    machine = json.loads((target / "results/machine.json").read_text())
+    here = probe()
+    assert machine["cpu"] == here["cpu"] and machine["cores"] == here["cores"]
+    dest = project / "metrics/machines" / remote_bench.machine_name(machine)
+    assert f"collected metrics/machines/{dest.name}" in stdout
+    assert json.loads((dest / "machine.json").read_text()) == machine
+    summary = json.loads((dest / "summary.json").read_text())
+    assert summary["machine"] == machine
+    # Accuracy measured there too (stages.evaluate on the target), the bench there, the threads
+    # curve and the tails in every recommendation; torch is not benched there.
+    for variant in ("fp32", "static"):
+        there = json.loads((target / f"results/eval/{variant}.json").read_text())
+        assert summary[variant]["accuracy"] == there["accuracy"]
+    cores = machine["cores"]
+    assert set(summary["static"]["by_threads"]) == (
+        {f"threads{2 ** i}" for i in range(cores.bit_length())} | {f"threads{cores}"})
+    for row in summary["recommended"].values():
+        assert row["p99_ms"] >= row["p50_ms"] > 0 and "snippet" in row
+    assert summary["server"]["runtime"] == "onnxruntime"
+    assert "torch" not in summary
+    assert (dest / "report.md").read_text().startswith("# quantpipe results")
+
+
+def test_machine_names_are_path_segments():
+    assert remote_bench.machine_name({"cpu": "Intel(R) Xeon(R) Platinum 8480+ CPU @ 2.00GHz",
+                                      "cores": 16}) == "intel-xeon-platinum-8480-16c"
+    assert remote_bench.machine_name({"cpu": "AMD EPYC 9654 96-Core Processor", "cores": 64}) == \
+        "amd-epyc-9654-96-core-64c"
