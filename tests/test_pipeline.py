@@ -48,8 +48,11 @@ def test_first_repro_runs_every_stage_and_writes_the_contract(project):
     for name in ("model.pt", "exported.onnx", "fp32.onnx", "dynamic.onnx", "static.onnx", "qat.onnx"):
         assert (repo / "models" / name).stat().st_size > 0
     summary = json.loads((repo / "metrics/summary.json").read_text())
-    assert set(summary) == {*ROWS, "torch", "machine", "runtimes", "recommended",
+    assert set(summary) == {*ROWS, "torch", "machine", "runtimes", "recommended", "server",
                             *(() if NATIVE_BF16 else ("skipped",))}
+    for row in summary["recommended"].values():  # the tail stated, the options written out
+        assert row["p99_ms"] >= row["p50_ms"] and row["snippet"].startswith("import ")
+    assert summary["server"]["streams"] * summary["server"]["threads"] == summary["machine"]["cores"]
     assert summary["runtimes"] == {"onnxruntime": "ONNX Runtime", "openvino": "OpenVINO"}
     for variant in ("dynamic", "static", "qat"):  # the speedup is the two same-rounds medians
         for bs, x in summary[variant]["speedup"].items():
