@@ -15,6 +15,7 @@ NAME picks what renders it:
   BF16, INT8), all cores and one thread;
 - `ort_amx`: metrics/ort_amx.json (scripts/ort_amx.py);
 - `scale`: metrics/scale.json (scripts/scale.py);
+- `ort_threads`: metrics/ort_threads.json (scripts/ort_threads.py);
 - `machines`: per machine, this one (metrics/summary.json) and each measured by
   scripts/remote_bench.py (metrics/machines/*/summary.json): the threads curve, the recommended
   configurations with their tails and the server configuration.
@@ -528,7 +529,57 @@ def spread_table(record: dict) -> str:
                       *_table(["what", "gated", "largest change", "worst, values"], body)])
 
 
-def machine_tables(summaries: list[tuple[str, dict]]) -> str:
+def ort_threads_table(record: dict) -> str:
+    """scripts/ort_threads.py: each INT8 file's speedup over FP32 (same rounds, same session
+    options) at every thread count, per batch size; then ONNX Runtime's time per op type at all
+    cores and the largest batch."""
+    machine, counts = record["machine"], record["threads"]
+    out = [f"Measured on {describe(machine)} (scripts/ort_threads.py; FP32 under the same "
+           "session options in the same rounds).", ""]
+    for bs in reversed([f"bs{b}" for b in record["batch_sizes"]]):
+        rows = []
+        for model, option in _threads_rows(record["latency"]):
+            by = record["latency"][option][model]
+            if model != "fp32":
+                rows.append([model, option] + [
+                    f"{_x(by[f'threads{c}'][bs]['speedup'])} (p99 {_ms(by[f'threads{c}'][bs]['p99_ms'])})"
+                    for c in counts])
+        fp32 = record["latency"]["bench"]["fp32"]
+        rows.insert(0, ["fp32", "bench"] + [f"{_ms(fp32[f'threads{c}'][bs]['p50_ms'])} (p99 "
+                                            f"{_ms(fp32[f'threads{c}'][bs]['p99_ms'])})" for c in counts])
+        head = ["file", "session options"] + [f"{c} thread{'s' * (c != 1)}" for c in counts]
+        out += [f"Batch {bs[2:]}: speedup over FP32 (the fp32 row: its p50):", "", *_table(head, rows), ""]
+    largest = max(record["batch_sizes"])
+    rows = []
+    for model, option in _threads_rows(record["profile"]):
+        prof = record["profile"][option][model]
+        rows.append([model, option, f"{prof['kernel_ms']:.3f} ms",
+                     describe_profile(prof, ops=4).split(" (", 1)[-1].rstrip(")")])
+    out += [f"ONNX Runtime's kernel time at {machine['cores']} threads, batch {largest}:", "",
+            *_table(["file", "session options", "kernel time", "by op type"], rows)]
+    vino = record.get("openvino")
+    if vino:
+        bs = f"bs{largest}"
+        rows = [[m] + [f"{_ms(by[f'threads{c}'][bs]['p50_ms'])}"
+                       + (f" (x{by[f'threads{c}'][bs]['speedup']:.2f} static)" if "speedup" in by[f"threads{c}"][bs] else "")
+                       for c in counts] for m, by in vino.items()]
+        out += ["", f"The same static file and its NHWC-flatten rewrite on OpenVINO, batch {largest} "
+                "(p50; the rewrite against static in the same rounds):", "",
+                *_table(["file", *[f"{c} thread{'s' * (c != 1)}" for c in counts]], rows)]
+    return "\n".join(out)
+
+
+def _threads_rows(by_option: dict[str, dict]) -> list[tuple[str, str]]:
+    """(file, options) pairs of scripts/ort_threads.py's record, by file as the script lists
+    them (FP32, then quantpipe's static first), then by option."""
+    order = ("fp32", "static", "static_nhwc_flatten", "qoperator", "zero_points")
+    options = ("bench", "spinning", "block_base_4")
+    pairs = {(m, o) for o, models in by_option.items() for m in models}
+    rank = lambda name, names: names.index(name) if name in names else len(names)  # noqa: E731
+    return sorted(pairs, key=lambda mo: (rank(mo[0], order), mo[0], rank(mo[1], options), mo[1]))
+
+
+def machine_tables(summaries: list[tuple[str, dict]], root: Path | None = None) -> str:
     """A section per machine: INT8's speedup over FP32 at every thread count benched (each
     engine; the largest and the smallest batch), what is recommended with its tail, and the
     server configuration. summaries: (where its files are, summary.json)."""
@@ -578,6 +629,9 @@ def machine_tables(summaries: list[tuple[str, dict]]) -> str:
                        f"{srv['threads']} thread{'s' * (srv['threads'] != 1)}, "
                        f"{round(srv['ips'], -2):,.0f} images/s{gain}.")
         out.append("")
+        threads = root / where / "ort_threads.json" if root is not None and where.endswith("/") else None
+        if threads is not None and threads.exists():  # scripts/ort_threads.py, run there too
+            out += [ort_threads_table(json.loads(threads.read_text())), ""]
     return "\n".join(out).rstrip()
 
 
@@ -610,11 +664,13 @@ def render(name: str, root: Path) -> str:
         return scale_table(read("metrics/scale.json"))
     if name == "spread":
         return spread_table(read("metrics/spread.json"))
+    if name == "ort_threads":
+        return ort_threads_table(read("metrics/ort_threads.json"))
     if name == "machines":
         others = sorted((root / "metrics/machines").glob("*/summary.json"))
         return machine_tables([("metrics/summary.json", read("metrics/summary.json"))]
                               + [(str(p.parent.relative_to(root)) + "/", json.loads(p.read_text()))
-                                 for p in others])
+                                 for p in others], root)
     if name == "yolo_peer":
         path = root / "metrics/yolo_peer.json"
         return yolo_peer_table(read("metrics/yolo_peer.json") if path.exists() else {})

@@ -15,8 +15,8 @@ environment's versions of the packages the bench imports (--packages; pip downlo
 target's Python, --with-deps for a bare one). There, a pinned package the target lacks or has in
 another version is installed from them into a virtualenv that sees the target's own packages
 (its torch, onnx, numpy), so both machines run the same ONNX Runtime. `run` unpacks the bundle on the
-target, runs `remote_bench.py target` there (stages.machine, then stages.bench for every
-variant) and collects what it wrote; `collect` does the last step for results brought back by
+target, runs `remote_bench.py target` there (stages.machine, then stages.evaluate and stages.bench for
+every variant, and scripts/ort_threads.py) and collects what it wrote; `collect` does the last step for results brought back by
 other means (a machine reached through a batch system: unpack the bundle there, run
 `python3 remote_bench.py target --out results`, `tar czf results.tar.gz results`).
 
@@ -91,6 +91,8 @@ def pack(project: Path, out: Path, runtimes: list[str], packages: list[str],
                 if m.exists() and m.stat().st_size:  # qat.onnx is empty when its stage skipped
                     tar.add(m, f"models/{m.name}")
             tar.add(project / "data/prepared", "data/prepared")
+            # ONNX Runtime's INT8 against FP32 per thread count, file layout and session options.
+            tar.add(Path(__file__).with_name("ort_threads.py"), "scripts/ort_threads.py")
             tar.add(wheel_dir, "wheels")
         carried = sorted(w.name.split("-")[0] for w in wheel_dir.glob("*.whl"))
         partial.rename(out)
@@ -153,6 +155,8 @@ def target(out: Path, python: str) -> None:
                             "--data", str(here / "data/prepared"), "--machine", str(machine),
                             "--metrics", str(out / f"{'eval' if stage == 'evaluate' else stage}/{variant}.json"),
                             *extra], check=True, env=env)
+    subprocess.run([python, "scripts/ort_threads.py", "--project", str(here),
+                    "-o", str(out / "ort_threads.json")], check=True, env=env)
 
 
 def _installed(python: str, dist: str) -> str | None:
@@ -218,6 +222,8 @@ def collect(project: Path, results: Path) -> Path:
         shutil.copy(got / "machine.json", dest / "machine.json")
         for folder in ("eval", "bench"):
             shutil.copytree(got / folder, dest / folder)
+        if (got / "ort_threads.json").exists():
+            shutil.copy(got / "ort_threads.json", dest / "ort_threads.json")
     # What the quantize stages recorded (a static model out of its criterion is never
     # recommended): the same files there.
     local = project / "metrics"

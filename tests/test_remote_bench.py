@@ -76,6 +76,9 @@ def test_the_target_measured_and_the_results_came_back_named_by_its_machine(coll
     assert summary["server"]["runtime"] == "onnxruntime"
     assert "torch" not in summary
     assert (dest / "report.md").read_text().startswith("# quantpipe results")
+    # scripts/ort_threads.py ran there too; make docs renders it under that machine.
+    threads = json.loads((dest / "ort_threads.json").read_text())
+    assert threads["machine"] == machine and "static" in threads["latency"]["bench"]
 
 
 def test_machine_names_are_path_segments():

@@ -85,6 +85,20 @@ def check_nodes_exist(model: onnx.ModelProto, names: tuple[str, ...], key: str, 
                         f"{[n.name for n in model.graph.node][:30]}")
 
 
+def producers(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
+    """Each tensor's producing node."""
+    return {out: node for node in model.graph.node for out in node.output}
+
+
+def consumers(model: onnx.ModelProto) -> dict[str, list[onnx.NodeProto]]:
+    """The nodes that read each tensor, in graph order."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    return readers
+
+
 # Compute ops whose weights ORT and NNCF quantize: "nodes in float" counts these.
 COMPUTE_OPS = {"Conv", "ConvTranspose", "Gemm", "MatMul"}
 
@@ -92,15 +106,15 @@ COMPUTE_OPS = {"Conv", "ConvTranspose", "Gemm", "MatMul"}
 def float_compute_nodes(model: onnx.ModelProto) -> list[str]:
     """Conv/Gemm/MatMul nodes of a quantized model whose weight does not come through
     DequantizeLinear, i.e. that still run in float (either engine's QDQ output)."""
-    producers = {out: node for node in model.graph.node for out in node.output}
+    produced = producers(model)
     initializers = {i.name for i in model.graph.initializer}
 
     def quantized(name: str) -> bool:
-        node = producers.get(name)
+        node = produced.get(name)
         return node is not None and node.op_type == "DequantizeLinear"
 
     return [n.name for n in model.graph.node if n.op_type in COMPUTE_OPS and len(n.input) > 1
-            and (n.input[1] in initializers or n.input[1] in producers) and not quantized(n.input[1])]
+            and (n.input[1] in initializers or n.input[1] in produced) and not quantized(n.input[1])]
 
 
 # Ops that only move or reshape values on the way from a Softmax to a DFL conv.
@@ -123,13 +137,13 @@ def dfl_convs(model: onnx.ModelProto) -> list[str]:
     shape (1, R, 1, 1) reading a Softmax's output through reshapes (Ultralytics YOLOv8/11's DFL:
     each box side as the expected value of R bins' probabilities, weight arange(R)). In INT8 the
     probabilities and the sides would each get one coarse scale and move every box edge."""
-    producers = {out: node for node in model.graph.node for out in node.output}
+    produced = producers(model)
     constants = constant_shapes(model)
 
     def from_softmax(name: str) -> bool:
-        node = producers.get(name)
+        node = produced.get(name)
         while node is not None and node.op_type in RESHAPE_OPS:
-            node = producers.get(node.input[0])
+            node = produced.get(node.input[0])
         return node is not None and node.op_type == "Softmax"
 
     def bins_to_one(weight: str) -> bool:  # (1, R, 1, 1), R > 1
@@ -147,15 +161,12 @@ def output_tail(model: onnx.ModelProto) -> list[str]:
     and split and holds the DFL's Softmax and Conv, the anchor and stride arithmetic, the class
     Sigmoid and the last Concat, while every SiLU before a conv stays out. Empty for a
     classifier ending in its Gemm."""
-    consumers: dict[str, list] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    readers = consumers(model)
     decode = set(dfl_convs(model))
     reaches: dict[str, bool] = {}
     for node in reversed(model.graph.node):  # graph order is topological
         reaches[node.name] = (node.op_type in COMPUTE_OPS and node.name not in decode) or any(
-            reaches.get(c.name, False) for out in node.output for c in consumers.get(out, []))
+            reaches.get(c.name, False) for out in node.output for c in readers.get(out, []))
     return [n.name for n in model.graph.node if not reaches[n.name]]
 
 
@@ -360,10 +371,10 @@ def int8_compute_nodes(model: onnx.ModelProto) -> list[str]:
     """Compute nodes (node_key) that run in INT8: a QOperator op, or a Conv/ConvTranspose/Gemm/
     MatMul both of whose operands come through DequantizeLinear (the pattern ONNX Runtime fuses
     into an integer kernel; a weight alone in INT8 still computes in float)."""
-    producers = {out: node.op_type for node in model.graph.node for out in node.output}
+    produced = producers(model)
     return [node_key(n, i) for i, n in enumerate(model.graph.node)
             if n.op_type in INT8_OPS or (n.op_type in COMPUTE_OPS and len(n.input) > 1 and all(
-                producers.get(x) == "DequantizeLinear" for x in n.input[:2]))]
+                x in produced and produced[x].op_type == "DequantizeLinear" for x in n.input[:2]))]
 
 
 def mac_summary(model: onnx.ModelProto, sample_shape: tuple[int, ...] | None = None) -> dict:
@@ -384,12 +395,12 @@ def box_nodes(model: onnx.ModelProto) -> list[str]:
     RPN's box decoding, its top-k by objectness, the clipping), up to the compute nodes whose
     outputs they read. Empty without RoiAlign. In INT8 those boxes would move by a quantization
     step of their whole range and pool from the wrong place."""
-    producers = {out: node for node in model.graph.node for out in node.output}
+    produced = producers(model)
     todo = [name for node in model.graph.node if node.op_type == "RoiAlign"
             for name in node.input[1:]]
     found: set[str] = set()
     while todo:
-        node = producers.get(todo.pop())
+        node = produced.get(todo.pop())
         if node is None or node.name in found or node.op_type in COMPUTE_OPS:
             continue
         found.add(node.name)

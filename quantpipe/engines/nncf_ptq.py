@@ -26,7 +26,8 @@ from onnx import numpy_helper
 from quantpipe.criterion import Judged
 from quantpipe.data import DataInfo, normalize
 from quantpipe.engines.base import StaticJob, StaticResult
-from quantpipe.engines.graph import check_nodes_exist, float_compute_nodes, graph_input, output_tail
+from quantpipe.engines.graph import (check_nodes_exist, consumers, float_compute_nodes, graph_input,
+                                    output_tail)
 from quantpipe.schemas.quantize_static import BiasCorrection, QuantizeStaticParams
 
 log = logging.getLogger(__name__)
@@ -76,15 +77,12 @@ def unsigned_activations(model: onnx.ModelProto) -> int:
     plugin takes asymmetric INT8 activations only as uint8; a convolution fed by the int8 form
     runs in FP32 there. Returns how many quantizers were rewritten."""
     initializers = {init.name: init for init in model.graph.initializer}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    readers_of = consumers(model)
     rewritten: list[str] = []
     replaced: set[str] = set()
     for q in [n for n in model.graph.node if n.op_type == "QuantizeLinear"]:
         zero = initializers.get(q.input[2]) if len(q.input) > 2 else None
-        readers = consumers.get(q.output[0], [])
+        readers = readers_of.get(q.output[0], [])
         if (q.input[0] in initializers or zero is None or not readers
                 or any(r.op_type != "DequantizeLinear" for r in readers)):
             continue  # a weight, a symmetric default, or a Q whose output is not only dequantized

@@ -26,9 +26,9 @@ from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, 
 from quantpipe.criterion import Judged
 from quantpipe.data import DataInfo, first, normalize
 from quantpipe.engines.base import StaticJob, StaticResult
-from quantpipe.engines.graph import (COMPUTE_OPS, describe_mac_share, float_compute_nodes,
-                                    float_decode, graph_input, mac_share, macs_by_node, percent,
-                                    preprocess_checked)
+from quantpipe.engines.graph import (COMPUTE_OPS, consumers, describe_mac_share,
+                                    float_compute_nodes, float_decode, graph_input, mac_share,
+                                    macs_by_node, percent, preprocess_checked, producers)
 from quantpipe.errors import UserError
 from quantpipe.schemas.quantize_static import QuantizeStaticParams
 
@@ -220,16 +220,14 @@ def sensitivity(pre_path: Path, qdq_path: Path, reader: CalibrationReader, workd
     qdq_acts = collect_activations(str(aug_qdq), reader)
     errors = compute_activation_error(create_activation_matching(qdq_acts, float_acts))
     sqnr = {name: float(err["xmodel_err"]) for name, err in errors.items() if "xmodel_err" in err}
-    nodes = list(onnx.load(str(pre_path)).graph.node)  # topological order
+    pre = onnx.load(str(pre_path))
+    nodes = list(pre.graph.node)  # topological order
     # ORT quantizes a Conv/Gemm output that feeds only a Relu/Clip with the activation's range
     # (negatives clipped), so such a tensor is compared after its activation.
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in nodes:
-        for i in node.input:
-            consumers.setdefault(i, []).append(node)
+    readers = consumers(pre)
 
     def effective(tensor: str) -> str:
-        users = consumers.get(tensor, [])
+        users = readers.get(tensor, [])
         if len(users) == 1 and users[0].op_type in ("Relu", "Clip"):
             return effective(users[0].output[0])
         return tensor
@@ -310,17 +308,13 @@ def attention_core(model: onnx.ModelProto) -> list[str]:
     its consumers is quantized (and runs DQ -> MatMul -> Q as an integer MatMul), so the
     attention computes in float only when all of these are left in float."""
     matmuls = attention_matmuls(model)
-    producers = {out: node for node in model.graph.node for out in node.output}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    produced, readers = producers(model), consumers(model)
     nodes = {n.name: n for n in model.graph.node}
     core, todo = set(matmuls), list(matmuls)
     while todo:
         node = nodes[todo.pop()]
-        near = [producers[i] for i in node.input if i in producers]
-        near += [c for out in node.output for c in consumers.get(out, [])]
+        near = [produced[i] for i in node.input if i in produced]
+        near += [c for out in node.output for c in readers.get(out, [])]
         for other in near:
             if other.name not in core and other.op_type not in COMPUTE_OPS | SHAPE_OPS:
                 core.add(other.name)

@@ -1,0 +1,211 @@
+#!/usr/bin/env python3
+"""Why ONNX Runtime's INT8 gains less with every thread than its FP32, and what of it quantpipe
+controls: the numbers behind docs/runtimes.md ("Many cores").
+
+On the pipeline's own files (models/fp32.onnx, models/static.onnx, data/prepared's test split),
+at every thread count 1, 2, 4, ... and all cores, each INT8 file against FP32 in the same
+interleaved rounds (quantpipe.bench), under three sets of session options:
+
+- INT8 files: quantpipe's static.onnx (QDQ; S8 symmetric per-channel weights: MLAS's symmetric
+  convolution); the same file flattening in NHWC before its classifier (ONNX Runtime runs INT8
+  convolutions in NHWC and transposes back to NCHW before a Flatten; with a Transpose of our
+  own and the classifier's weight rows permuted, its transpose optimizer cancels the pair); the
+  same calibration written as QOperator; S8 weights with zero points (per tensor: im2col and
+  MLAS's u8s8 GEMM, AMX where the CPU has it).
+- Session options: quantpipe bench's (workers stop spinning after each run), ONNX Runtime's
+  defaults (they spin), and a dynamic block base of 4 (ORT's finer split of parallel loops).
+- At all cores, batch 64: ONNX Runtime's profile of each file, time per op type.
+- Where OpenVINO is installed: the static file and its NHWC-flatten rewrite on OpenVINO too (one
+  file serves both engines: a rewrite that helps one must not cost the other).
+
+Standalone beside the pipeline (onnx, onnxruntime, numpy and quantpipe): run it where you
+deploy, or on a bigger machine with scripts/remote_bench.py (its target runs this too).
+
+    python scripts/ort_threads.py                 # -> metrics/ort_threads.json + table
+    python scripts/ort_threads.py -o /tmp/t.json --runs 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper, numpy_helper
+from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the bundle of remote_bench.py has quantpipe beside, not installed
+
+from quantpipe import bench, data, profiling  # noqa: E402
+from quantpipe import machine as machines  # noqa: E402
+from quantpipe.engines import graph  # noqa: E402
+from quantpipe.engines.ort_static import CalibrationReader  # noqa: E402
+from quantpipe.io import write_json  # noqa: E402
+from quantpipe.schemas.bench import BenchParams  # noqa: E402
+
+# Session config entries per option set (ONNX Runtime's names).
+OPTIONS = {"bench": {"session.force_spinning_stop": "1"},
+           "spinning": {},
+           "block_base_4": {"session.force_spinning_stop": "1", "session.dynamic_block_base": "4"}}
+PROFILE_RUNS = 20
+
+
+def session(path: Path, threads: int, config: dict, profile_prefix: str | None = None):
+    so = ort.SessionOptions()
+    so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.log_severity_level = 3
+    for key, value in config.items():
+        so.add_session_config_entry(key, value)
+    if profile_prefix:
+        so.enable_profiling, so.profile_file_prefix = True, profile_prefix
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def flatten_nhwc(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> onnx.ModelProto | None:
+    """The same function with each Reshape of a 4-D (N, C, H, W) tensor to (N, C*H*W) that
+    feeds a Gemm flattening in H, W, C order: a Transpose(0, 2, 3, 1) before it and the
+    Gemm's weight columns (quantized, transB) permuted to match. None when no such Reshape."""
+    producers, readers = graph.producers(model), graph.consumers(model)
+    inits = {i.name: i for i in model.graph.initializer}
+    changed = False
+    for node in list(model.graph.node):
+        if node.op_type not in ("Reshape", "Flatten"):
+            continue
+        source = node.input[0]
+        origin = producers.get(source)
+        while origin is not None and origin.op_type in ("DequantizeLinear", "QuantizeLinear"):
+            origin = producers.get(origin.input[0])
+        shape = shapes.get(origin.output[0]) if origin is not None else None
+        if not shape or len(shape) != 4 or shape[2] * shape[3] == 1:
+            continue
+        gemm = _next_gemm(node, readers)
+        if gemm is None or gemm.input[1] not in producers:
+            continue
+        weight = producers[gemm.input[1]]  # the weight's DequantizeLinear
+        if weight.op_type != "DequantizeLinear" or weight.input[0] not in inits:
+            continue
+        transposed = next((a.i for a in gemm.attribute if a.name == "transB"), 0)
+        w = numpy_helper.to_array(inits[weight.input[0]])
+        _, c, h, wd = shape
+        order = np.arange(c * h * wd).reshape(c, h, wd).transpose(1, 2, 0).reshape(-1)
+        w = w[:, order] if transposed else w[order, :]
+        inits[weight.input[0]].CopyFrom(numpy_helper.from_array(np.ascontiguousarray(w), weight.input[0]))
+        t = helper.make_node("Transpose", [source], [source + "_nhwc"], perm=[0, 2, 3, 1],
+                             name=node.name + "_nhwc")
+        node.input[0] = source + "_nhwc"
+        nodes = list(model.graph.node)
+        nodes.insert(nodes.index(node), t)
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+        changed = True
+    return model if changed else None
+
+
+def _next_gemm(node: onnx.NodeProto, readers: dict) -> onnx.NodeProto | None:
+    """The Gemm that reads node's output, through Quantize/DequantizeLinear pairs."""
+    out = node.output[0]
+    for _ in range(3):
+        users = readers.get(out, [])
+        if len(users) != 1:
+            return None
+        if users[0].op_type == "Gemm":
+            return users[0]
+        out = users[0].output[0]
+    return None
+
+
+def int8_files(fp32: Path, static: Path, calib: np.ndarray, info, workdir: Path) -> dict[str, Path]:
+    """The INT8 files compared: quantpipe's, and the three others (module docstring)."""
+    files = {"static": static}
+    fp32_model = onnx.shape_inference.infer_shapes(onnx.load(str(fp32)))
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+              for v in fp32_model.graph.value_info}
+    rewritten = flatten_nhwc(onnx.load(str(static)), shapes)
+    if rewritten is not None:
+        files["static_nhwc_flatten"] = workdir / "static_nhwc_flatten.onnx"
+        onnx.save(rewritten, str(files["static_nhwc_flatten"]))
+    name = fp32_model.graph.input[0].name
+    pre = workdir / "preprocessed.onnx"
+    graph.preprocess(fp32, pre)  # as quantpipe's engine does before quantize_static
+    for label, kwargs in (("qoperator", {"quant_format": QuantFormat.QOperator, "per_channel": True}),
+                          ("zero_points", {"quant_format": QuantFormat.QDQ, "per_channel": False,
+                                           "extra_options": {"WeightSymmetric": False}})):
+        out = workdir / f"{label}.onnx"
+        quantize_static(str(pre), str(out), CalibrationReader(calib, info, name, 32),
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, **kwargs)
+        files[label] = out
+    return files
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--project", type=Path, default=ROOT)
+    parser.add_argument("-o", "--out", type=Path, default=None,
+                        help="default: <project>/metrics/ort_threads.json")
+    parser.add_argument("--runs", type=int, default=120)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
+    args = parser.parse_args()
+    project = args.project
+    probe = machines.probe()
+    cores = probe["cores"]
+    threads = bench.resolve_threads(("powers", "all"), cores)
+    p = BenchParams(batch_sizes=tuple(args.batch_sizes), threads=threads, warmup=5, runs=args.runs,
+                    rounds=4, max_seconds=3.0)
+    info = data.load_info(project / "data/prepared")
+    x = data.Normalized(data.load_split(project / "data/prepared", "test").x, info)
+    fp32 = project / "models/fp32.onnx"
+    with tempfile.TemporaryDirectory() as tmp:
+        calib = data.load_split(project / "data/prepared", "train").x[:256]
+        files = int8_files(fp32, project / "models/static.onnx", calib, info, Path(tmp))
+        latency, profiles = {}, {}
+        for option, config in OPTIONS.items():
+            models = {"fp32": fp32, **files}
+            grid = bench.latency_grid(
+                lambda count: {m: _runner(path, count, config) for m, path in models.items()},
+                x, threads, p, desc=f"ort_threads {option}")
+            latency[option] = {m: bench.rows_against(grid, m, "fp32") for m in models}
+            largest = bench.batch_of(x, max(p.batch_sizes))
+            profiles[option] = {
+                m: profiling.kernel_profile(session(path, cores, config, f"{tmp}/{option}_{m}"),
+                                            largest, runs=PROFILE_RUNS)
+                for m, path in models.items()}
+        openvino = _openvino(files, x, threads, p)
+    record = {"machine": probe, "threads": list(threads), "batch_sizes": list(p.batch_sizes),
+              "options": OPTIONS, "latency": latency, "profile": profiles,
+              **({"openvino": openvino} if openvino else {})}
+    out = args.out or project / "metrics/ort_threads.json"
+    write_json(out, record)
+    from quantpipe.docs import ort_threads_table
+
+    print(ort_threads_table(record))
+    return 0
+
+
+def _openvino(files: dict[str, Path], x, threads: tuple[int, ...], p: BenchParams) -> dict | None:
+    """static.onnx and its NHWC-flatten rewrite on OpenVINO (quantpipe's latency settings),
+    the rewrite's rows against static's from the same rounds; None without OpenVINO."""
+    from quantpipe.runtimes import ov
+
+    if ov.ov is None or "static_nhwc_flatten" not in files:
+        return None
+    engine = ov.OpenVino()
+    pair = {m: files[m] for m in ("static", "static_nhwc_flatten")}
+    grid = bench.latency_grid(lambda count: {m: engine.runner(path, count) for m, path in pair.items()},
+                              x, threads, p, desc="ort_threads openvino")
+    return {m: bench.rows_against(grid, m, "static") for m in pair}
+
+
+def _runner(path: Path, threads: int, config: dict):
+    s = session(path, threads, config)
+    name = s.get_inputs()[0].name
+    return lambda batch: s.run(None, {name: batch})[0]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""scripts/ort_threads.py: its NHWC-flatten rewrite is the same function, and ONNX Runtime's
+optimizer cancels the Transpose it adds with its own (the point of the rewrite)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("ort_threads", ROOT / "scripts/ort_threads.py")
+ort_threads = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ort_threads)
+
+
+def _optimized_ops(path: Path, tmp: Path) -> list[str]:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.optimized_model_filepath = str(tmp / f"opt_{path.name}")
+    so.log_severity_level = 3
+    ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    return [n.op_type for n in onnx.load(so.optimized_model_filepath).graph.node]
+
+
+def test_flatten_nhwc_keeps_the_outputs_and_drops_the_transpose_before_the_classifier(tiny_run, tmp_path):
+    repo, _ = tiny_run
+    fp32 = onnx.shape_inference.infer_shapes(onnx.load(str(repo / "models/fp32.onnx")))
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in fp32.graph.value_info}
+    rewritten = ort_threads.flatten_nhwc(onnx.load(str(repo / "models/static.onnx")), shapes)
+    assert rewritten is not None
+    path = tmp_path / "static_nhwc_flatten.onnx"
+    onnx.save(rewritten, str(path))
+    x = np.random.default_rng(0).normal(size=(5, 1, 28, 28)).astype(np.float32)
+    outputs = []
+    for p in (repo / "models/static.onnx", path):
+        s = ort.InferenceSession(str(p), providers=["CPUExecutionProvider"])
+        outputs.append(s.run(None, {s.get_inputs()[0].name: x})[0])
+    np.testing.assert_array_equal(outputs[0], outputs[1])
+    before = _optimized_ops(repo / "models/static.onnx", tmp_path)
+    after = _optimized_ops(path, tmp_path)
+    # ORT's NHWC INT8 convolutions: a Transpose in (the input) and one back before the Reshape;
+    # with the rewrite only the first is left.
+    assert before.count("Transpose") == 2 and after.count("Transpose") == 1
+    assert after.index("Reshape") > after.index("NhwcMaxPool")
