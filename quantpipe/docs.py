@@ -71,13 +71,14 @@ def _latency_rows(summary: dict, names: list[str], sizes: list[str], key: str | 
         row = [label.get(v, v) + (" (failed)" if "failed" in s else "")]
         for k in sizes:
             row += [_ms(t["latency_p50_ms"][k]), _ms(t.get("baseline_p50_ms", {}).get(k)),
-                    _x(t.get("speedup", {}).get(k))]
+                    _x(t.get("speedup", {}).get(k)), _ms(t.get("latency_p99_ms", {}).get(k))]
         rows.append(row)
     return rows
 
 
 def _latency_head(sizes: list[str]) -> list[str]:
-    return [h for k in sizes for h in (f"p50 {k}", f"FP32 p50 {k}, same rounds", f"speedup {k}")]
+    return [h for k in sizes
+            for h in (f"p50 {k}", f"FP32 p50 {k}, same rounds", f"speedup {k}", f"p99 {k}")]
 
 
 # What every speedup column divides, said once under each table that has one.

@@ -401,9 +401,11 @@ def thread_scaling_notes(summary: dict) -> list[str]:
         config = entry["throughput_config"]
         advice = (": serve concurrent requests from several sessions rather than one session "
                   "with every thread" if config["streams"] > 1 else "")
+        curve = ", ".join(f"x{by_threads[f'threads{c}']['speedup'][largest]:.2f} at {c}"
+                          for c in sorted(counts))
         notes.append(
-            f"{variant} gains less with more threads: x{one:.2f} at 1 thread, x{many:.2f} at "
-            f"{counts[0]} threads ({largest}), because FP32's kernels parallelize better than its "
+            f"{variant} gains less with more threads: {curve} threads ({largest}), because "
+            "FP32's kernels parallelize better than its "
             f"INT8 kernels (compare the kernel profiles). With every core busy, "
             f"{_config(config)} reach x{entry['throughput_speedup']:.2f} FP32's best "
             f"throughput{advice}.")
@@ -735,21 +737,23 @@ def _engines_section(rows: dict[str, dict], sizes: list[str], threads: int,
     reference = next(iter(titles))
     ref_title = titles[reference]
     head = (["variant", "engine", f"agreement with {ref_title}", "max logit diff"]
-            + [f"p50 {k} (ms)" for k in sizes] + [f"vs FP32 on {ref_title}, {largest}",
-                                                   "throughput (images/s)", "trusted"])
+            + [f"p50 / p99 {k} (ms)" for k in sizes] + [f"vs FP32 on {ref_title}, {largest}",
+                                                         "throughput (images/s)", "trusted"])
     body, fastest, left_out = [], [], []
     for variant, s in rows.items():
         # A row's top-level keys are the reference's, except bf16's (its engine's, already
         # under runtimes).
         engines = {**({} if "runtime" in s else {
-            reference: {"latency_p50_ms": s["latency_p50_ms"], "speedup": s.get("speedup", {largest: 1.0}),
+            reference: {"latency_p50_ms": s["latency_p50_ms"], "latency_p99_ms": s["latency_p99_ms"],
+                        "speedup": s.get("speedup", {largest: 1.0}),
                         "throughput_ips": s["throughput_ips"]}}), **s["runtimes"]}
         for name, e in engines.items():
             parity = e.get("parity", {})
             trusted = "no" if "failed" in e else ("reference" if name == reference else "yes")
             body.append([variant, titles[name], _fmt(parity.get("agreement"), ".2%"),
                          _fmt(parity.get("max_abs_diff"), ".3g")]
-                        + [_fmt(e.get("latency_p50_ms", {}).get(k), ".3f") for k in sizes]
+                        + [f"{_fmt(e.get('latency_p50_ms', {}).get(k), '.3f')} / "
+                           f"{_fmt(e.get('latency_p99_ms', {}).get(k), '.3f')}" for k in sizes]
                         + [_fmt(e.get("speedup", {}).get(largest), ".2f", prefix="x"),
                            _fmt(e.get("throughput_ips"), ",.0f"), trusted])
             if "failed" in e:
@@ -768,7 +772,7 @@ def _fastest_line(variant: str, best: dict, sizes: list[str], titles: dict[str, 
     parts = []
     for bs in dict.fromkeys((sizes[0], sizes[-1])):
         b = best["latency"][bs]
-        part = f"at {bs} {_setting(b, titles)}, {b['p50_ms']:.3f} ms"
+        part = f"at {bs} {_setting(b, titles)}, p50 {b['p50_ms']:.3f} ms, p99 {b['p99_ms']:.3f} ms"
         if "baseline" in b:
             base = b["baseline"]
             part += f" (x{b['speedup']:.2f} the best FP32: {_setting(base, titles)}, {base['p50_ms']:.3f} ms"

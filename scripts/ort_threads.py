@@ -38,15 +38,14 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the bundle of remote_bench.py has quantpipe beside, not installed
+from quantpipe import bench, data, profiling
+from quantpipe import machine as machines
+from quantpipe.engines import graph
+from quantpipe.engines.ort_static import CalibrationReader
+from quantpipe.io import write_json
+from quantpipe.schemas.bench import BenchParams
 
-from quantpipe import bench, data, profiling  # noqa: E402
-from quantpipe import machine as machines  # noqa: E402
-from quantpipe.engines import graph  # noqa: E402
-from quantpipe.engines.ort_static import CalibrationReader  # noqa: E402
-from quantpipe.io import write_json  # noqa: E402
-from quantpipe.schemas.bench import BenchParams  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 # Session config entries per option set (ONNX Runtime's names).
 OPTIONS = {"bench": {"session.force_spinning_stop": "1"},

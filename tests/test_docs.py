@@ -16,7 +16,7 @@ from quantpipe.schemas.all import Params
 METRICS = ("metrics/summary.json", "metrics/bench/static.json", "metrics/families.json",
            "metrics/engines.json", "metrics/qat_hard.json", "metrics/detection.json",
            "metrics/ort_amx.json", "metrics/scale.json",
-           "metrics/spread.json", "metrics/yolo_peer.json")
+           "metrics/spread.json", "metrics/yolo_peer.json", "metrics/ort_threads.json")
 
 
 def test_every_generated_table_is_the_committed_metrics():
@@ -27,7 +27,7 @@ def test_every_generated_table_is_the_committed_metrics():
         assert docs.regenerate(text, ROOT) == text, f"run `make docs` and commit {path.name}"
     assert {"headline", "default", "runtimes", "families", "engines", "qat_hard", "detection",
             "precision", "precision_one_thread", "ort_amx", "scale", "spread",
-            "yolo_peer"} <= found, found
+            "yolo_peer", "ort_threads", "machines"} <= found, found
 
 
 @pytest.fixture
