@@ -120,7 +120,8 @@ def download(into: Path, pins: list[str], python_version: str, with_deps: bool) 
 
 def target(out: Path, python: str) -> None:
     """Run in the unpacked bundle on the machine to measure: the packages it lacks from
-    wheels/, then stages.machine and stages.bench of every variant into `out`."""
+    wheels/, then stages.machine, stages.evaluate and stages.bench of every variant and
+    scripts/ort_threads.py, into `out`."""
     here = Path.cwd()
     pins = (here / "wheels/requirements.txt").read_text().split()
     differ = [pin for pin in pins if _installed(python, pin.split("==")[0]) != pin.split("==")[1]]
@@ -186,10 +187,14 @@ def run(project: Path, bundle: Path, where: str, python: str) -> Path:
         raise SystemExit(f"--target {where!r}: expected local:DIR or ssh:HOST:DIR")
     d = shlex.quote(directory)
 
-    def there(command: str, **kwargs) -> subprocess.CompletedProcess:
+    def there(command: str, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
         argv = ["sh", "-c", command] if host is None else ["ssh", host, command]
-        return subprocess.run(argv, check=True, **kwargs)
+        return subprocess.run(argv, check=check, **kwargs)
 
+    # The directory is replaced: only a new one or an earlier bundle's, never anything else.
+    if there(f"test ! -e {d} || test -f {d}/remote_bench.py", check=False).returncode != 0:
+        raise SystemExit(f"--target {where}: {directory} exists and holds no earlier bundle; "
+                         "name a new directory")
     with bundle.open("rb") as f:
         there(f"rm -rf {d} && mkdir -p {d} && tar -xzf - -C {d}", stdin=f)
     there(f"cd {d} && {shlex.quote(python)} remote_bench.py target --out results")

@@ -86,3 +86,15 @@ def test_machine_names_are_path_segments():
                                       "cores": 16}) == "intel-xeon-platinum-8480-16c"
     assert remote_bench.machine_name({"cpu": "AMD EPYC 9654 96-Core Processor", "cores": 64}) == \
         "amd-epyc-9654-96-core-64c"
+
+
+def test_run_never_replaces_a_directory_that_holds_no_earlier_bundle(tmp_path):
+    target = tmp_path / "important"
+    target.mkdir()
+    (target / "data.txt").write_text("keep")
+    proc = subprocess.run([sys.executable, str(SCRIPT), "run", str(tmp_path / "bundle.tar.gz"),
+                           "--target", f"local:{target}"], capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"--target local:{target}: {target} exists and holds no earlier bundle; name a new directory")
+    assert (target / "data.txt").read_text() == "keep"
