@@ -265,7 +265,6 @@ class Normalized:
 def save_splits(directory: Path, splits: dict[str, Split], info: DataInfo) -> None:
     """Write <name>_x.npy, <name>_y.npy (and a detection split's objects) per split and
     meta.json into an existing directory."""
-    from quantpipe.detection.data import save_objects
 
     for name, split in splits.items():
         path = directory / f"{name}_x.npy"
@@ -328,7 +327,25 @@ def load_split(directory: Path | str, name: str) -> Split:
                         "re-run `dvc repro -f prepare`")
     objects = None
     if (directory / f"{name}_objects.npy").exists():
-        from quantpipe.detection.data import load_objects
 
         objects = load_objects(directory, name)
     return Split(x=x, y=y, objects=objects)
+
+
+# A detection split's objects: (x1, y1, x2, y2, label) rows per image, flat, with the count of
+# each image's rows.
+def save_objects(directory: Path, name: str, objects: tuple[np.ndarray, ...]) -> None:
+    counts = np.asarray([len(o) for o in objects], np.int64)
+    flat = np.concatenate(list(objects)) if objects else np.zeros((0, 5), np.float32)
+    np.save(directory / f"{name}_objects.npy", flat.astype(np.float32).reshape(-1, 5))
+    np.save(directory / f"{name}_counts.npy", counts)
+
+
+def load_objects(directory: Path | str, name: str) -> tuple[np.ndarray, ...]:
+    directory = Path(directory)
+    try:
+        flat = np.load(directory / f"{name}_objects.npy", allow_pickle=False)
+        counts = np.load(directory / f"{name}_counts.npy", allow_pickle=False)
+    except FileNotFoundError as e:
+        raise UserError(f"{e.filename}: not found; run `dvc repro prepare` first") from None
+    return tuple(np.split(flat, np.cumsum(counts)[:-1])) if len(counts) else ()

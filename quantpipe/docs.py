@@ -36,7 +36,7 @@ import yaml
 
 from quantpipe.machine import describe
 from quantpipe.profiling import describe_profile
-from quantpipe.report import _table, score_keys  # report.md's table layout and score keys
+from quantpipe.report import markdown_table, score_keys  # report.md's table layout and score keys
 from quantpipe.review import GATED_SPEEDUPS  # which speedups make gate judges
 
 # The documents that hold generated tables.
@@ -102,7 +102,7 @@ def headline_table(summary: dict) -> str:
     head = ["variant", "test accuracy", "size",
             *[f"{h}, {cores} threads" for h in _latency_head(sizes)],
             *[f"{h}, 1 thread" for h in _latency_head(sizes)]]
-    return "\n".join([f"Measured on {describe(summary['machine'])}.", "", *_table(head, rows), "",
+    return "\n".join([f"Measured on {describe(summary['machine'])}.", "", *markdown_table(head, rows), "",
                       SPEEDUP_NOTE])
 
 
@@ -120,9 +120,9 @@ def default_tables(summary: dict, static_bench: dict) -> str:
              "—" if "agreement" not in summary[v] else f"{summary[v]['agreement']:.3f}",
              f"{summary[v]['size_bytes'] / 1e6:.2f} MB", *first[1:]]
             for v, first in zip(names, _latency_rows(summary, names, sizes, None))]
-    out += _table(["variant", "accuracy", "drop (pp)", "agreement", "size", *_latency_head(sizes)], rows)
+    out += markdown_table(["variant", "accuracy", "drop (pp)", "agreement", "size", *_latency_head(sizes)], rows)
     out += ["", "**One thread** (`by_threads.threads1`): the gain per core.", ""]
-    out += _table(["variant", *_latency_head(sizes)], _latency_rows(summary, names, sizes, "threads1"))
+    out += markdown_table(["variant", *_latency_head(sizes)], _latency_rows(summary, names, sizes, "threads1"))
     largest = sizes[-1]
     out += ["", f"**Every core busy, and memory** (batch {largest[2:]}; a fresh process per batch "
             "size for memory):", ""]
@@ -137,7 +137,7 @@ def default_tables(summary: dict, static_bench: dict) -> str:
                      f"{round(s['throughput_ips'], -2):,.0f}", _x(s.get("throughput_speedup")),
                      *[f"{s['peak_rss_mb'][k]:.0f} MB" if "peak_rss_mb" in s else "—" for k in sizes],
                      f"{s['load_ms']:.0f} ms" if "load_ms" in s else "—"])
-    out += _table(["variant", "best configuration", "images/s", "vs FP32's best",
+    out += markdown_table(["variant", "best configuration", "images/s", "vs FP32's best",
                    *[f"peak RSS {k}" for k in sizes], "session load"], rows)
     out += ["", *runtimes_table(static_bench, sizes, cores, machine.get("openvino", ""))]
     return "\n".join(out)
@@ -174,7 +174,7 @@ def runtimes_table(bench: dict, sizes: list[str], cores: int, version: str) -> l
     return ["**Which engine** (`bench.runtimes`: the same `.onnx` files on ONNX Runtime and "
             f"OpenVINO {version}, timed in the same rounds; speedups against FP32 on ONNX "
             "Runtime from those rounds):", "",
-            *_table(["batch, threads", "FP32, ONNX Runtime", "static, ONNX Runtime",
+            *markdown_table(["batch, threads", "FP32, ONNX Runtime", "static, ONNX Runtime",
                      "static, OpenVINO", "FP32, OpenVINO"], rows)]
 
 
@@ -305,7 +305,7 @@ def detection_table(record: dict) -> str:
                  f"split: mAP@[.5:.95] {cut['graph_map_50_95']:.4f} vs "
                  f"{cut['torchvision_map_50_95']:.4f}, mAP@.5 {cut['graph_map_50']:.4f} vs "
                  f"{cut['torchvision_map_50']:.4f}.")
-    return "\n".join(_table(head, body) + ["", note])
+    return "\n".join(markdown_table(head, body) + ["", note])
 
 
 PEER_NAMES = {("fp32", "onnxruntime"): "quantpipe FP32, ONNX Runtime",
@@ -363,7 +363,7 @@ def yolo_peer_table(record: dict) -> str:
         out += [f"**{family}** ({m['params']:,} parameters, {m['epochs']} epochs at "
                 f"{record['imgsz']} px): the README's recipe as written ran to a {green} report; "
                 f"{m['mac_share_int8']:.2%} of static's MACs in INT8.{gap}", "",
-                *_table(head, body), "", *([where, ""] if where else [])]
+                *markdown_table(head, body), "", *([where, ""] if where else [])]
     cpu = next(iter(record["models"].values()))["cpu"]
     out.append(f"Measured on {cpu}, in one run (scripts/yolo_peer.py). mAP on the dataset's test "
                "split, every model scored by quantpipe's decode and COCO evaluation; vs "
@@ -427,7 +427,7 @@ def precision_table(summary: dict, threads: int | None = None) -> str:
                 "same rounds (one value per variant, on its first line).")
     if skipped:
         note += f" No BF16 row: {skipped}."
-    return "\n".join([f"Measured on {describe(summary['machine'])}.", "", *_table(head, rows), "",
+    return "\n".join([f"Measured on {describe(summary['machine'])}.", "", *markdown_table(head, rows), "",
                       note])
 
 
@@ -453,7 +453,7 @@ def ort_amx_table(record: dict) -> str:
                                                         _x(row[f"threads{t}"]["speedup"]))]])
     return "\n".join([f"Measured on {describe(record['machine'])}. Random weights (speed only); "
                       "every row of a model timed in the same interleaved rounds.", "",
-                      *_table(head, body)])
+                      *markdown_table(head, body)])
 
 
 SCALE_STAGES = ("prepare", "quantize_static", "evaluate@static")
@@ -482,7 +482,7 @@ def scale_table(record: dict) -> str:
                       "outputs included); img/s: the stage's own count of images through a model "
                       "(prepare: decoded) per second of its work; peak RSS: the stage process or "
                       "its largest worker (VmHWM), in brackets the change from the size above.",
-                      "", *_table(head, body)])
+                      "", *markdown_table(head, body)])
 
 
 # speedup_family (quantpipe/review.py) -> what it is, in the spread table.
@@ -527,7 +527,7 @@ def spread_table(record: dict) -> str:
                       "with the values of the worst figure); accuracy re-run, re-trained with "
                       "other seeds (largest range) and measured on another machine (largest "
                       "difference).", "",
-                      *_table(["what", "gated", "largest change", "worst, values"], body)])
+                      *markdown_table(["what", "gated", "largest change", "worst, values"], body)])
 
 
 def ort_threads_table(record: dict) -> str:
@@ -549,7 +549,7 @@ def ort_threads_table(record: dict) -> str:
         rows.insert(0, ["fp32", "bench"] + [f"{_ms(fp32[f'threads{c}'][bs]['p50_ms'])} (p99 "
                                             f"{_ms(fp32[f'threads{c}'][bs]['p99_ms'])})" for c in counts])
         head = ["file", "session options"] + [f"{c} thread{'s' * (c != 1)}" for c in counts]
-        out += [f"Batch {bs[2:]}: speedup over FP32 (the fp32 row: its p50):", "", *_table(head, rows), ""]
+        out += [f"Batch {bs[2:]}: speedup over FP32 (the fp32 row: its p50):", "", *markdown_table(head, rows), ""]
     largest = max(record["batch_sizes"])
     rows = []
     for model, option in _threads_rows(record["profile"]):
@@ -557,7 +557,7 @@ def ort_threads_table(record: dict) -> str:
         rows.append([model, option, f"{prof['kernel_ms']:.3f} ms",
                      describe_profile(prof, ops=4).split(" (", 1)[-1].rstrip(")")])
     out += [f"ONNX Runtime's kernel time at {machine['cores']} threads, batch {largest}:", "",
-            *_table(["file", "session options", "kernel time", "by op type"], rows)]
+            *markdown_table(["file", "session options", "kernel time", "by op type"], rows)]
     vino = record.get("openvino")
     if vino:
         bs = f"bs{largest}"
@@ -566,7 +566,7 @@ def ort_threads_table(record: dict) -> str:
                        for c in counts] for m, by in vino.items()]
         out += ["", f"The same static file and its NHWC-flatten rewrite on OpenVINO, batch {largest} "
                 "(p50; the rewrite against static in the same rounds):", "",
-                *_table(["file", *[f"{c} thread{'s' * (c != 1)}" for c in counts]], rows)]
+                *markdown_table(["file", *[f"{c} thread{'s' * (c != 1)}" for c in counts]], rows)]
     return "\n".join(out)
 
 
@@ -616,7 +616,7 @@ def machine_tables(summaries: list[tuple[str, dict]], root: Path | None = None) 
             head = ["variant", "engine", *[f"{c} thread{'s' * (c != 1)}"
                                            + (" (all)" if c == machine["cores"] else "") for c in counts]]
             out += [f"Batch {bs[2:]}: p50, speedup over FP32 on {titles[reference]} at the same "
-                    "threads (same rounds), p99:", "", *_table(head, rows), ""]
+                    "threads (same rounds), p99:", "", *markdown_table(head, rows), ""]
         for bs, r in summary.get("recommended", {}).items():
             gain = f", x{r['speedup']:.2f} the best FP32" if "speedup" in r else ""
             out.append(f"- Recommended at {bs}: `{r['variant']}` on {titles[r['runtime']]}, "

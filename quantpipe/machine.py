@@ -68,8 +68,8 @@ def probe(cpuinfo: str | None = None, affinity: set[int] | None = None,
             "python": platform.python_version()}
 
 
-def native_bf16(machine: dict) -> str | None:
-    """None when the machine computes in BF16 natively; else why a BF16 row is skipped."""
+def bf16_missing(machine: dict) -> str | None:
+    """Why this machine has no native BF16 (the bf16 row is skipped), or None when it has it."""
     flags = machine.get("cpu_flags", {})
     if any(flags.get(f) for f in NATIVE_BF16):
         return None

@@ -21,6 +21,7 @@ from torch import nn
 
 from quantpipe.errors import UserError
 from quantpipe.modelinfo import INPUTS_DIR, ONNX_PREFIX, onnx_source  # noqa: F401 (re-exported)
+from quantpipe.surgery import replace_first_conv
 
 if TYPE_CHECKING:
     from quantpipe.data import Normalized
@@ -135,13 +136,13 @@ def build_model(name: str, channels: int, image_size: int, num_classes: int) -> 
     check_model_name(name)
     model = _torchvision_model(name, image_size, num_classes)
     if channels != 3:
-        _replace_first_conv(model, channels)
+        replace_first_conv(model, channels)
     if name in AUX_HEADS and not _runs_at(model, channels, image_size):
         # The auxiliary classifiers only help training and need larger maps than the network
         # (Inception v3's: 299 px); below that, the network without them.
         model = _torchvision_model(name, image_size, num_classes, aux_logits=False)
         if channels != 3:
-            _replace_first_conv(model, channels)
+            replace_first_conv(model, channels)
     check_input_size(model, name, channels, image_size)
     return model
 
@@ -237,18 +238,6 @@ def _runs_at(model: nn.Module, channels: int, size: int) -> bool:
         for name, buffer in model.named_buffers():  # in place: no load_state_dict hooks
             buffer.copy_(buffers[name])
         model.train(was_training)
-
-
-def _replace_first_conv(model: nn.Module, channels: int) -> None:
-    """torchvision models expect RGB; swap the stem conv for one with `channels` inputs."""
-    for parent in model.modules():
-        for child_name, child in parent.named_children():
-            if isinstance(child, nn.Conv2d):
-                setattr(parent, child_name, nn.Conv2d(
-                    channels, child.out_channels, child.kernel_size, child.stride, child.padding,
-                    child.dilation, child.groups, child.bias is not None, child.padding_mode))
-                return
-    raise UserError("train.model has no Conv2d to adapt to the input channels")
 
 
 @dataclass(frozen=True)

@@ -565,7 +565,7 @@ def _kernels_section(rows: dict[str, dict], titles: dict[str, str]) -> list[str]
     if not body:
         return []
     return ["## Kernels (largest batch, latency configuration)", "",
-            *_table(["variant", "engine", "layer", "kernel", "precision", "ISA", "count"], body), "",
+            *markdown_table(["variant", "engine", "layer", "kernel", "precision", "ISA", "count"], body), "",
             "OpenVINO names the kernel each layer ran (its executed graph); ONNX Runtime's profile "
             "names op kernels, and the MLAS routine and instruction set follow from the node and "
             "this CPU's flags (docs/precision.md)."]
@@ -642,7 +642,7 @@ def _threads_title(count: int, machine: dict) -> str:
             f"({'all cores' if count == cores else f'of {cores} cores'})")
 
 
-def _table(head: list[str], body: list[list[str]]) -> list[str]:
+def markdown_table(head: list[str], body: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
             *["| " + " | ".join(cells) + " |" for cells in body]]
 
@@ -671,7 +671,7 @@ def _headline_table(rows: dict[str, dict], sizes: list[str]) -> list[str]:
             cells += [_fmt(s.get("end_to_end", {}).get("speedup", {}).get(k), ".2f", prefix="x")
                       for k in sizes]
         body.append(cells)
-    return _table(head, body)
+    return markdown_table(head, body)
 
 
 # The practitioners' comparison: the PyTorch model, its ONNX export, and INT8 by post-training
@@ -696,7 +696,7 @@ def _routes_section(summary: dict, sizes: list[str]) -> list[str]:
         speed = 1.0 if key == "fp32" else s["speedup"][largest]
         body.append([title, f"`{path}`", f"{s[score]:.4f}", f"{s['size_bytes'] / 1e6:.2f}"]
                     + [_fmt(s["latency_p50_ms"].get(k), ".3f") for k in sizes] + [f"x{speed:.2f}"])
-    return ["## FP32 PyTorch, FP32 ONNX, INT8 PTQ, INT8 QAT", "", *_table(head, body),
+    return ["## FP32 PyTorch, FP32 ONNX, INT8 PTQ, INT8 QAT", "", *markdown_table(head, body),
             *(["", *[f"- {m}" for m in missing]] if missing else [])]
 
 
@@ -713,7 +713,7 @@ def _threads_table(rows: dict[str, dict], threads: list[int], sizes: list[str]) 
                         + [" / ".join(_fmt(entry.get(f"latency_{q}_ms", {}).get(k), ".3f")
                                       for q in ("p50", "p90", "p99")) for k in sizes]
                         + [_fmt(entry.get("speedup", {}).get(k), ".2f", prefix="x") for k in sizes])
-    return _table(head, body)
+    return markdown_table(head, body)
 
 
 def _throughput_section(rows: dict[str, dict], machine: dict) -> list[str]:
@@ -721,7 +721,7 @@ def _throughput_section(rows: dict[str, dict], machine: dict) -> list[str]:
              _fmt(s.get("throughput_speedup"), ".2f", prefix="x")] for variant, s in rows.items()]
     cores = machine.get("cores", "all")
     return [f"## Throughput, every core busy ({cores} cores, largest batch)", "",
-            *_table(["variant", "best configuration", "images/s", "vs FP32's best"], body), "",
+            *markdown_table(["variant", "best configuration", "images/s", "vs FP32's best"], body), "",
             "A stream is one session serving its own requests; streams x threads = the cores. "
             "Each variant at its own best configuration is compared with FP32 at FP32's best, "
             "timed in the same interleaved rounds (every configuration is in "
@@ -760,7 +760,7 @@ def _engines_section(rows: dict[str, dict], sizes: list[str], threads: int,
                 left_out.append(f"{titles[name]} is left out of {variant}'s best: {e['failed']}.")
         fastest.append(_fastest_line(variant, s["best"], sizes, titles))
     return [f"## Engines: the same files on each runtime ({threads} thread(s))", "",
-            *_table(head, body), "",
+            *markdown_table(head, body), "",
             f"Another engine is trusted when its predictions (top-1 class; a detector's matched "
             f"detections) agree with {ref_title}'s on the test split (bench.min_runtime_agreement); "
             f"speedups are against FP32 on {ref_title} in the same interleaved rounds. Fastest "
@@ -807,7 +807,7 @@ def _memory_section(rows: dict[str, dict], sizes: list[str], threads: int) -> li
             for variant, s in rows.items()]
     head = ["variant", "load (ms)"] + [f"peak RSS {k} (MB)" for k in sizes]
     return [f"## Memory and start-up (a fresh process, {threads} thread(s))", "",
-            *_table(head, body), "",
+            *markdown_table(head, body), "",
             "Peak RSS: the whole process (Python, numpy and onnxruntime included) that loads the "
             "model and runs it at that batch size; load: creating the InferenceSession."]
 

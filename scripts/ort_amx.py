@@ -115,7 +115,7 @@ def measure(spec: str, tmp: Path, cores: int, flags: dict) -> dict:
             **{("onnxruntime", s): (ort, files[s]) for s in SCHEMES},
             ("openvino", "fp32"): (ov, files["fp32"]),
             ("openvino", "s8_symmetric"): (ov, files["s8_symmetric"])}
-    if machine.native_bf16({"cpu_flags": flags}) is None:
+    if machine.bf16_missing({"cpu_flags": flags}) is None:
         runs[("openvino", "bf16")] = (ov_bf16, files["fp32"])
     x = np.random.default_rng(1).standard_normal((batch, 3, size, size), dtype=np.float32)
     params = BenchParams(**{**TIMING.__dict__, "batch_sizes": (batch,)})

@@ -53,7 +53,7 @@ def main(argv: list[str]) -> None:
         return
     # The FP32 file in BF16 beside every INT8 variant, timed in the same rounds: on a CPU with
     # native BF16 it is the baseline INT8 has to beat (speedup_vs_bf16).
-    if variant not in ("fp32", "bf16") and bf16_engines and not machines.native_bf16(machine):
+    if variant not in ("fp32", "bf16") and bf16_engines and not machines.bf16_missing(machine):
         models["bf16"] = args.fp32
     engines = {m: bf16_engines if m == "bf16" else fp32_engines for m in models}
 

@@ -82,10 +82,10 @@ def test_describe_names_cpu_cores_isa_and_versions():
 
 def test_native_bf16_needs_avx512_bf16_or_amx_bf16():
     vnni = {"cpu_flags": {f: f in ("avx2", "avx512f", "avx512_vnni") for f in machine.CPU_FLAGS}}
-    assert "no native BF16" in machine.native_bf16(vnni)
-    assert "no native BF16" in machine.native_bf16({})  # a record from before the BF16 flags
+    assert "no native BF16" in machine.bf16_missing(vnni)
+    assert "no native BF16" in machine.bf16_missing({})  # a record from before the BF16 flags
     for flag in machine.NATIVE_BF16:  # an EPYC has avx512_bf16 alone; a Xeon both
-        assert machine.native_bf16({"cpu_flags": {**vnni["cpu_flags"], flag: True}}) is None
+        assert machine.bf16_missing({"cpu_flags": {**vnni["cpu_flags"], flag: True}}) is None
 
 
 def test_differences_name_each_changed_field():

@@ -20,7 +20,7 @@ from quantpipe.runtimes import ort as ort_runtime
 # native BF16, skipped with the reason elsewhere; test_runtimes forces both paths).
 FILES = ("fp32", "dynamic", "static", "qat")
 VARIANTS = (*FILES, "bf16")
-NATIVE_BF16 = machine.native_bf16(machine.probe()) is None
+NATIVE_BF16 = machine.bf16_missing(machine.probe()) is None
 ROWS = VARIANTS if NATIVE_BF16 else FILES
 ALL_STAGES = {PROBE, "prepare", "train", "export", "simplify", "quantize_dynamic", "quantize_static",
               "quantize_qat", *(f"{s}@{v}" for s in ("evaluate", "bench") for v in VARIANTS),
@@ -365,7 +365,7 @@ def test_the_bf16_row_with_and_without_native_bf16(project, tmp_path):
         assert run.returncode == 0, run.stderr
         first = (metrics / "report.md").read_text().split("\n")[2]
         if not native:
-            why = machine.native_bf16({"cpu_flags": flags})
+            why = machine.bf16_missing({"cpu_flags": flags})
             assert evaluation["skipped"] == timed["skipped"] == why
             assert first.endswith(f"not measured, {why}; INT8 is weighed against FP32 only.")
             continue

@@ -233,7 +233,7 @@ def test_best_configuration_picks_the_fastest_trusted_engine_and_setting():
 
 # --- BF16: the FP32 file computed in BF16 (the bf16 row) -------------------------------------
 
-NATIVE_BF16 = machine.native_bf16(machine.probe()) is None
+NATIVE_BF16 = machine.bf16_missing(machine.probe()) is None
 
 
 def test_only_engines_with_a_bf16_mode_run_the_bf16_row():

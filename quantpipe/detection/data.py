@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 
-from quantpipe.errors import UserError
 
 # Digits per canvas and how often: mostly 2-3, some alone, some crowded.
 DIGITS_PER_CANVAS = (1, 2, 3, 4)
@@ -95,23 +94,6 @@ def strata(objects: list[np.ndarray] | tuple[np.ndarray, ...], num_classes: int)
             area = (o[:, 2] - o[:, 0]) * (o[:, 3] - o[:, 1])
             out[i] = int(o[int(np.argmax(area)), 4])
     return out
-
-
-def save_objects(directory: Path, name: str, objects: tuple[np.ndarray, ...]) -> None:
-    counts = np.asarray([len(o) for o in objects], np.int64)
-    flat = np.concatenate(list(objects)) if objects else np.zeros((0, 5), np.float32)
-    np.save(directory / f"{name}_objects.npy", flat.astype(np.float32).reshape(-1, 5))
-    np.save(directory / f"{name}_counts.npy", counts)
-
-
-def load_objects(directory: Path | str, name: str) -> tuple[np.ndarray, ...]:
-    directory = Path(directory)
-    try:
-        flat = np.load(directory / f"{name}_objects.npy", allow_pickle=False)
-        counts = np.load(directory / f"{name}_counts.npy", allow_pickle=False)
-    except FileNotFoundError as e:
-        raise UserError(f"{e.filename}: not found; run `dvc repro prepare` first") from None
-    return tuple(np.split(flat, np.cumsum(counts)[:-1])) if len(counts) else ()
 
 
 def coco_ground_truth(objects: tuple[np.ndarray, ...], size: int,

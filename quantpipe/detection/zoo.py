@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from quantpipe.detection.model import Detector
+from quantpipe.surgery import replace_first_conv
 
 
 class SSDLite(Detector):
@@ -32,7 +33,6 @@ class SSDLite(Detector):
         from torchvision.models.detection import ssdlite320_mobilenet_v3_large
         from torchvision.models.detection.image_list import ImageList
 
-        from quantpipe.models import _replace_first_conv
 
         det = ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None,
                                             num_classes=num_classes + 1)
@@ -40,7 +40,7 @@ class SSDLite(Detector):
         # normalization become identities (they only run in training, through det.forward).
         det.transform = _identity_transform(channels, image_size)
         if channels != 3:
-            _replace_first_conv(det.backbone, channels)
+            replace_first_conv(det.backbone, channels)
         self.det = det
         det.eval()  # the probe below must not touch BatchNorm's statistics
         with torch.no_grad():
@@ -123,7 +123,6 @@ class FasterRCNN(Detector):
         from torchvision.models.detection.image_list import ImageList
         from torchvision.ops.poolers import _setup_scales
 
-        from quantpipe.models import _replace_first_conv
 
         det = fasterrcnn_mobilenet_v3_large_320_fpn(
             weights=None, weights_backbone=None, num_classes=num_classes + 1,
@@ -137,7 +136,7 @@ class FasterRCNN(Detector):
             (tuple(s * scale for s in (32, 64, 128, 256, 512)),) * 3, ((0.5, 1.0, 2.0),) * 3)
         det.transform = _identity_transform(channels, image_size)
         if channels != 3:
-            _replace_first_conv(det.backbone, channels)
+            replace_first_conv(det.backbone, channels)
         self.det, self.proposals, self.image_size = det, proposals, image_size
         det.eval()
         with torch.no_grad():

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from onnxruntime import GraphOptimizationLevel
 
 from quantpipe.errors import UserError
-from quantpipe.machine import native_bf16
+from quantpipe.machine import bf16_missing
 from quantpipe.registry import Registry
 from quantpipe.runtimes.base import Runtime
 from quantpipe.runtimes.ort import OnnxRuntime
@@ -48,7 +48,7 @@ def unsupported(wanted: Sequence[str], precision: str) -> dict[str, str]:
 def bf16_skip(machine: dict, wanted: Sequence[str]) -> str | None:
     """Why the bf16 row is not measured on this machine, or None: a CPU without native BF16
     (metrics/machine.json's flags), or no engine of bench.runtimes that computes in BF16."""
-    why = native_bf16(machine)
+    why = bf16_missing(machine)
     lacking = unsupported(wanted, "bf16")
     if why or len(lacking) < len(wanted):
         return why
