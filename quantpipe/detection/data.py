@@ -7,8 +7,6 @@ image_size x image_size model input) and the class index. On disk a split's obje
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 
