@@ -265,7 +265,6 @@ class Normalized:
 def save_splits(directory: Path, splits: dict[str, Split], info: DataInfo) -> None:
     """Write <name>_x.npy, <name>_y.npy (and a detection split's objects) per split and
     meta.json into an existing directory."""
-
     for name, split in splits.items():
         path = directory / f"{name}_x.npy"
         if not (isinstance(split.x, NpyRows) and split.x.whole_file and split.x.path == path):
@@ -327,7 +326,6 @@ def load_split(directory: Path | str, name: str) -> Split:
                         "re-run `dvc repro -f prepare`")
     objects = None
     if (directory / f"{name}_objects.npy").exists():
-
         objects = load_objects(directory, name)
     return Split(x=x, y=y, objects=objects)
 

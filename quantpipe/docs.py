@@ -36,7 +36,8 @@ import yaml
 
 from quantpipe.machine import describe
 from quantpipe.profiling import describe_profile
-from quantpipe.report import markdown_table, score_keys  # report.md's table layout and score keys
+# report.md's table layout, settings as words and score keys
+from quantpipe.report import describe_config, describe_setting, markdown_table, score_keys
 from quantpipe.review import GATED_SPEEDUPS  # which speedups make gate judges
 
 # The documents that hold generated tables.
@@ -132,8 +133,7 @@ def default_tables(summary: dict, static_bench: dict) -> str:
         if "throughput_ips" not in s:
             continue
         config = s["throughput_config"]
-        rows.append([v, f"{config['streams']} stream{'s' * (config['streams'] != 1)} x "
-                        f"{config['threads']} thread{'s' * (config['threads'] != 1)}",
+        rows.append([v, describe_config(config),
                      f"{round(s['throughput_ips'], -2):,.0f}", _x(s.get("throughput_speedup")),
                      *[f"{s['peak_rss_mb'][k]:.0f} MB" if "peak_rss_mb" in s else "—" for k in sizes],
                      f"{s['load_ms']:.0f} ms" if "load_ms" in s else "—"])
@@ -580,12 +580,13 @@ def _threads_rows(by_option: dict[str, dict]) -> list[tuple[str, str]]:
     return sorted(pairs, key=lambda mo: (rank(mo[0], order), mo[0], rank(mo[1], options), mo[1]))
 
 
-def machine_tables(summaries: list[tuple[str, dict]], root: Path | None = None) -> str:
+def machine_tables(machines: list[tuple[str, dict, dict | None]]) -> str:
     """A section per machine: INT8's speedup over FP32 at every thread count benched (each
-    engine; the largest and the smallest batch), what is recommended with its tail, and the
-    server configuration. summaries: (where its files are, summary.json)."""
+    engine; the largest and the smallest batch), what is recommended with its tail, the server
+    configuration and, when it ran there, scripts/ort_threads.py's tables. machines: (where its
+    files are, summary.json, ort_threads.json or None)."""
     out = []
-    for where, summary in summaries:
+    for where, summary, threads in machines:
         machine = summary["machine"]
         sizes = _sizes(summary)
         counts = sorted(int(k.removeprefix("threads")) for k in summary["fp32"]["by_threads"])
@@ -619,20 +620,16 @@ def machine_tables(summaries: list[tuple[str, dict]], root: Path | None = None) 
                     "threads (same rounds), p99:", "", *markdown_table(head, rows), ""]
         for bs, r in summary.get("recommended", {}).items():
             gain = f", x{r['speedup']:.2f} the best FP32" if "speedup" in r else ""
-            out.append(f"- Recommended at {bs}: `{r['variant']}` on {titles[r['runtime']]}, "
-                       f"{r['threads']} thread{'s' * (r['threads'] != 1)}, p50 {_ms(r['p50_ms'])}, "
-                       f"p99 {_ms(r['p99_ms'])}{gain}.")
+            out.append(f"- Recommended at {bs}: `{r['variant']}` on {describe_setting(r, titles)}, "
+                       f"p50 {_ms(r['p50_ms'])}, p99 {_ms(r['p99_ms'])}{gain}.")
         srv = summary.get("server")
         if srv:
             gain = f", x{srv['speedup']:.2f} FP32's best" if "speedup" in srv else ""
             out.append(f"- Server (bs{srv['batch_size']}): `{srv['variant']}` on "
-                       f"{titles[srv['runtime']]}, {srv['streams']} stream{'s' * (srv['streams'] != 1)} x "
-                       f"{srv['threads']} thread{'s' * (srv['threads'] != 1)}, "
-                       f"{round(srv['ips'], -2):,.0f} images/s{gain}.")
+                       f"{describe_setting(srv, titles)}, {round(srv['ips'], -2):,.0f} images/s{gain}.")
         out.append("")
-        threads = root / where / "ort_threads.json" if root is not None and where.endswith("/") else None
-        if threads is not None and threads.exists():  # scripts/ort_threads.py, run there too
-            out += [ort_threads_table(json.loads(threads.read_text())), ""]
+        if threads is not None:
+            out += [ort_threads_table(threads), ""]
     return "\n".join(out).rstrip()
 
 
@@ -668,10 +665,13 @@ def render(name: str, root: Path) -> str:
     if name == "ort_threads":
         return ort_threads_table(read("metrics/ort_threads.json"))
     if name == "machines":
-        others = sorted((root / "metrics/machines").glob("*/summary.json"))
-        return machine_tables([("metrics/summary.json", read("metrics/summary.json"))]
-                              + [(str(p.parent.relative_to(root)) + "/", json.loads(p.read_text()))
-                                 for p in others], root)
+        # This machine's ort_threads tables are docs/runtimes.md's; another's are its section's.
+        others = [p.parent for p in sorted((root / "metrics/machines").glob("*/summary.json"))]
+        return machine_tables(
+            [("metrics/summary.json", read("metrics/summary.json"), None)]
+            + [(f"{d.relative_to(root)}/", json.loads((d / "summary.json").read_text()),
+                json.loads((d / "ort_threads.json").read_text()) if (d / "ort_threads.json").exists() else None)
+               for d in others])
     if name == "yolo_peer":
         path = root / "metrics/yolo_peer.json"
         return yolo_peer_table(read("metrics/yolo_peer.json") if path.exists() else {})

@@ -80,8 +80,8 @@ def check_and_serialize(model: onnx.ModelProto, name: str) -> bytes:
 
 def make_session(model: Path | str | bytes, *, level: ort.GraphOptimizationLevel,
                  threads: int = 0, profile_prefix: str | None = None,
-                 stop_spinning: bool = False, optimized_path: Path | None = None
-                 ) -> ort.InferenceSession:
+                 stop_spinning: bool = False, optimized_path: Path | None = None,
+                 config: dict[str, str] | None = None) -> ort.InferenceSession:
     """A CPU session at the given optimization level; threads=0 lets ORT choose.
 
     With profile_prefix, ORT records every run; session.end_profiling() writes the trace to
@@ -90,7 +90,8 @@ def make_session(model: Path | str | bytes, *, level: ort.GraphOptimizationLevel
     turns in one process (the benchmark's interleaved FP32 and INT8): otherwise one session's
     spinning workers steal the cores the other runs on (measured here: static at 2 threads,
     bs64, p90 5.5 ms instead of 2.4 ms, p50 unchanged). optimized_path: where ORT writes the
-    graph it runs (after its optimizations).
+    graph it runs (after its optimizations). config: more session config entries, by ONNX
+    Runtime's names (e.g. session.dynamic_block_base).
     """
     options = ort.SessionOptions()
     options.graph_optimization_level = level
@@ -99,6 +100,8 @@ def make_session(model: Path | str | bytes, *, level: ort.GraphOptimizationLevel
     options.log_severity_level = 3  # ORT's warnings about unused initializers are noise here
     if stop_spinning:
         options.add_session_config_entry("session.force_spinning_stop", "1")
+    for key, value in (config or {}).items():
+        options.add_session_config_entry(key, value)
     if optimized_path is not None:
         options.optimized_model_filepath = str(optimized_path)
     if profile_prefix is not None:

@@ -38,7 +38,7 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
-from quantpipe import bench, data, profiling
+from quantpipe import bench, data, onnxutil, profiling
 from quantpipe import machine as machines
 from quantpipe.engines import graph
 from quantpipe.engines.ort_static import CalibrationReader
@@ -55,15 +55,9 @@ PROFILE_RUNS = 20
 
 
 def session(path: Path, threads: int, config: dict, profile_prefix: str | None = None):
-    so = ort.SessionOptions()
-    so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.log_severity_level = 3
-    for key, value in config.items():
-        so.add_session_config_entry(key, value)
-    if profile_prefix:
-        so.enable_profiling, so.profile_file_prefix = True, profile_prefix
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    """A session as the pipeline builds them (ORT_ENABLE_ALL), with `config`'s entries."""
+    return onnxutil.make_session(path, level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+                                 threads=threads, profile_prefix=profile_prefix, config=config)
 
 
 def flatten_nhwc(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> onnx.ModelProto | None:
@@ -166,7 +160,8 @@ def main() -> int:
         for option, config in OPTIONS.items():
             models = {"fp32": fp32, **files}
             grid = bench.latency_grid(
-                lambda count: {m: _runner(path, count, config) for m, path in models.items()},
+                lambda count: {m: onnxutil.session_runner(session(path, count, config))
+                               for m, path in models.items()},
                 x, threads, p, desc=f"ort_threads {option}")
             latency[option] = {m: bench.rows_against(grid, m, "fp32") for m in models}
             largest = bench.batch_of(x, max(p.batch_sizes))
@@ -198,12 +193,6 @@ def _openvino(files: dict[str, Path], x, threads: tuple[int, ...], p: BenchParam
     grid = bench.latency_grid(lambda count: {m: engine.runner(path, count) for m, path in pair.items()},
                               x, threads, p, desc="ort_threads openvino")
     return {m: bench.rows_against(grid, m, "static") for m in pair}
-
-
-def _runner(path: Path, threads: int, config: dict):
-    s = session(path, threads, config)
-    name = s.get_inputs()[0].name
-    return lambda batch: s.run(None, {name: batch})[0]
 
 
 if __name__ == "__main__":

@@ -122,7 +122,7 @@ def _server_section(summary: dict) -> list[str]:
         return []
     gain = f", x{srv['speedup']:.2f} FP32's best" if "speedup" in srv else ""
     return [f"**Serve it** (`{srv['variant']}` at bs{srv['batch_size']}, the best streams x threads "
-            f"measured: {_setting(srv, summary['runtimes'])}, {srv['ips']:,.0f} images/s{gain}; "
+            f"measured: {describe_setting(srv, summary['runtimes'])}, {srv['ips']:,.0f} images/s{gain}; "
             "summary.json `server`, and each recommended row's `snippet`):", "",
             "```python", srv["snippet"], "```", ""]
 
@@ -293,29 +293,29 @@ def _fastest_line(variant: str, best: dict, sizes: list[str], titles: dict[str, 
     parts = []
     for bs in dict.fromkeys((sizes[0], sizes[-1])):
         b = best["latency"][bs]
-        part = f"at {bs} {_setting(b, titles)}, p50 {b['p50_ms']:.3f} ms, p99 {b['p99_ms']:.3f} ms"
+        part = f"at {bs} {describe_setting(b, titles)}, p50 {b['p50_ms']:.3f} ms, p99 {b['p99_ms']:.3f} ms"
         if "baseline" in b:
             base = b["baseline"]
-            part += f" (x{b['speedup']:.2f} the best FP32: {_setting(base, titles)}, {base['p50_ms']:.3f} ms"
+            part += f" (x{b['speedup']:.2f} the best FP32: {describe_setting(base, titles)}, {base['p50_ms']:.3f} ms"
             if "bf16" in b:
-                part += (f"; x{b['speedup_vs_bf16']:.2f} the best BF16: {_setting(b['bf16'], titles)}, "
+                part += (f"; x{b['speedup_vs_bf16']:.2f} the best BF16: {describe_setting(b['bf16'], titles)}, "
                          f"{b['bf16']['p50_ms']:.3f} ms")
             part += ")"
         parts.append(part)
     t = best.get("throughput")
     if t:
-        part = f"throughput {_setting(t, titles)}, {t['ips']:,.0f} images/s"
+        part = f"throughput {describe_setting(t, titles)}, {t['ips']:,.0f} images/s"
         if "baseline" in t:
             base = t["baseline"]
-            part += f" (x{t['speedup']:.2f} the best FP32: {_setting(base, titles)}, {base['ips']:,.0f}"
+            part += f" (x{t['speedup']:.2f} the best FP32: {describe_setting(base, titles)}, {base['ips']:,.0f}"
             if "bf16" in t:
-                part += f"; x{t['speedup_vs_bf16']:.2f} the best BF16: {_setting(t['bf16'], titles)}, {t['bf16']['ips']:,.0f}"
+                part += f"; x{t['speedup_vs_bf16']:.2f} the best BF16: {describe_setting(t['bf16'], titles)}, {t['bf16']['ips']:,.0f}"
             part += ")"
         parts.append(part)
     return f"**{variant}**: " + "; ".join(parts) + "."
 
 
-def _setting(best: dict, titles: dict[str, str]) -> str:
+def describe_setting(best: dict, titles: dict[str, str]) -> str:
     """'OpenVINO, 2 threads' or 'OpenVINO, 1 stream x 2 threads'."""
     engine = titles[best["runtime"]]
     if "streams" in best:

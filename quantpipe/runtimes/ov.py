@@ -85,7 +85,7 @@ class OpenVino:
         compiled = self._compile(path, self._throughput_config(streams, streams * threads))
         return [_request_runner(compiled, path) for _ in range(streams)]
 
-    def _compile(self, path, config: dict) -> "ov.CompiledModel":
+    def _compile(self, path, config: dict) -> ov.CompiledModel:
         try:
             return self.core.compile_model(self.core.read_model(str(path)), "CPU", config)
         except RuntimeError as e:
@@ -93,7 +93,7 @@ class OpenVino:
                                      f"({reason(str(e))})") from None
 
 
-def _request_runner(compiled: "ov.CompiledModel", path) -> Runner:
+def _request_runner(compiled: ov.CompiledModel, path) -> Runner:
     request = compiled.create_infer_request()
 
     def run(batch):
