@@ -635,35 +635,18 @@ def machine_tables(machines: list[tuple[str, dict, dict | None]]) -> str:
 
 def render(name: str, root: Path) -> str:
     read = lambda rel: json.loads((root / rel).read_text())  # noqa: E731
+    if name in ONE_FILE_BLOCKS:
+        table, rel = ONE_FILE_BLOCKS[name]
+        return table(read(rel))
     if name == "default":
         return default_tables(read("metrics/summary.json"), read("metrics/bench/static.json"))
-    if name == "headline":
-        return headline_table(read("metrics/summary.json"))
     if name == "runtimes":
         summary = read("metrics/summary.json")
         return "\n".join(runtimes_table(read("metrics/bench/static.json"), _sizes(summary),
                                          summary["machine"]["cores"],
                                          summary["machine"].get("openvino", "")))
-    if name == "families":
-        return families_table(read("metrics/families.json"))
-    if name == "engines":
-        return engines_table(read("metrics/engines.json"))
-    if name == "qat_hard":
-        return qat_hard_table(read("metrics/qat_hard.json"))
-    if name == "detection":
-        return detection_table(read("metrics/detection.json"))
-    if name == "precision":
-        return precision_table(read("metrics/summary.json"))
     if name == "precision_one_thread":
         return precision_table(read("metrics/summary.json"), threads=1)
-    if name == "ort_amx":
-        return ort_amx_table(read("metrics/ort_amx.json"))
-    if name == "scale":
-        return scale_table(read("metrics/scale.json"))
-    if name == "spread":
-        return spread_table(read("metrics/spread.json"))
-    if name == "ort_threads":
-        return ort_threads_table(read("metrics/ort_threads.json"))
     if name == "machines":
         # This machine's ort_threads tables are docs/runtimes.md's; another's are its section's.
         others = [p.parent for p in sorted((root / "metrics/machines").glob("*/summary.json"))]
@@ -676,6 +659,21 @@ def render(name: str, root: Path) -> str:
         path = root / "metrics/yolo_peer.json"
         return yolo_peer_table(read("metrics/yolo_peer.json") if path.exists() else {})
     raise ValueError(f"unknown generated block {name!r}")
+
+
+# Blocks that are one function of one metrics file: block name -> (function, file).
+ONE_FILE_BLOCKS = {
+    "headline": (headline_table, "metrics/summary.json"),
+    "families": (families_table, "metrics/families.json"),
+    "engines": (engines_table, "metrics/engines.json"),
+    "qat_hard": (qat_hard_table, "metrics/qat_hard.json"),
+    "detection": (detection_table, "metrics/detection.json"),
+    "precision": (precision_table, "metrics/summary.json"),
+    "ort_amx": (ort_amx_table, "metrics/ort_amx.json"),
+    "scale": (scale_table, "metrics/scale.json"),
+    "spread": (spread_table, "metrics/spread.json"),
+    "ort_threads": (ort_threads_table, "metrics/ort_threads.json"),
+}
 
 
 def regenerate(text: str, root: Path) -> str:

@@ -88,22 +88,12 @@ def weights_source(weights: str, model: str) -> Path:
     return path
 
 
-def check_model_name(name: str, task: str = "classification") -> None:
-    if onnx_source(name):
-        return
-    if task == "detection" or name in DETECTORS:
-        if task != "detection":
-            raise UserError(f"train.model = {name!r} is a detector; set prepare.task: detection "
-                            f"or use a classifier such as {ZOO[-1]}")
-        if name not in DETECTORS:
-            raise UserError(f"train.model = {name!r} is not a detector; with prepare.task: "
-                            f"detection use one of {list(DETECTORS)} or "
-                            f"{ONNX_PREFIX}{INPUTS_DIR}/<file>.onnx")
-        return
+def check_model_name(name: str) -> None:
+    """A classifier build_model makes: quantpipe's own or torchvision's (quantpipe.tasks
+    checks train.model against the task's zoo first)."""
     if name in ZOO:
         return
-    names = torchvision_names()
-    if name not in names:
+    if name not in torchvision_names():
         raise UserError(f"train.model = {name!r} is not allowed; use one of {list(ZOO)}, "
                         f"a torchvision classification model such as resnet18, mobilenet_v2, "
                         f"or {ONNX_PREFIX}{INPUTS_DIR}/<file>.onnx")

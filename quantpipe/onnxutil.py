@@ -212,6 +212,13 @@ def with_dynamic_batch(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+def check_logits(out: np.ndarray, num_classes: int, where: str) -> None:
+    """A classifier's outputs must be (batch, num_classes) logits."""
+    if out.ndim != 2 or out.shape[1] != num_classes:
+        raise UserError(f"{where}: output has shape {list(out.shape)}; expected (batch, "
+                        f"{num_classes}) logits for the {num_classes} classes of the data")
+
+
 def import_onnx(path: Path, input_shape: tuple[int, int, int], num_classes: int,
                 x: np.ndarray, level: ort.GraphOptimizationLevel,
                 check_output: Callable[[np.ndarray], None] | None = None
@@ -232,9 +239,8 @@ def import_onnx(path: Path, input_shape: tuple[int, int, int], num_classes: int,
                         f"{str(e).splitlines()[0][:200]}); re-export it with a dynamic batch axis") from None
     if check_output is not None:
         check_output(batched)
-    elif batched.ndim != 2 or batched.shape[1] != num_classes:
-        raise UserError(f"{path}: output has shape {list(batched.shape)}; expected (batch, "
-                        f"{num_classes}) logits for the {num_classes} classes of the data")
+    else:
+        check_logits(batched, num_classes, str(path))
     if not np.isfinite(batched).all():
         raise UserError(f"{path}: produces NaN/Inf on the test images")
     return model, {"source": str(path), "batch_max_abs_diff": max_abs_diff(batched[:8], single),

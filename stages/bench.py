@@ -17,13 +17,13 @@ the machine recorded in metrics/machine.json.
 import tempfile
 
 from quantpipe import bench, data, onnxutil, params, profiling
+from quantpipe.tasks import bind
 from quantpipe import machine as machines
 from quantpipe.errors import UserError
 from quantpipe.io import run_stage, skipped_model, stage_args, write_json
 from quantpipe.runtimes import base, registry, timing
 from quantpipe.runtimes.base import describe_kernels, kernel_table
 from quantpipe.schemas.bench import BenchParams
-from quantpipe.schemas.detect import DetectParams
 from quantpipe.schemas.runtime import RuntimeParams
 
 PROFILE_RUNS = 20  # profiled runs at the largest batch: enough for a stable per-node median
@@ -42,6 +42,7 @@ def main(argv: list[str]) -> None:
     machine = machines.load(args.machine)
     threads = bench.resolve_threads(p.threads, machine["cores"])
     info = data.load_info(args.data)
+    task = bind.for_data(info)
     test = data.load_split(args.data, "test")
     x = data.Normalized(test.x, info)  # read a batch at a time
     models = {variant: args.model, "fp32": args.fp32}
@@ -60,18 +61,11 @@ def main(argv: list[str]) -> None:
     for path in models.values():  # a bad model fails in one line, before the progress bar
         onnxutil.check_input_matches(onnxutil.make_session(path, level=level), info.input_shape,
                                      str(path))
-    detection = info.task == "detection"
-    if detection:
-        from quantpipe.detection import post, task
-
-        d = params.load(DetectParams)
-        # Engines agree when their detections pair up (same label, IoU >= 0.5), both ways.
-        agree = {"agree": lambda ref, out: task.agreement(out, ref, d).agreement}
     reference = fp32_engines[registry.REFERENCE]
-    checks = {model: base.check(engines[model], reference, path, x,
-                                None if detection else test.y, threads=threads[0],
-                                batch_size=max(p.batch_sizes), min_agreement=p.min_runtime_agreement,
-                                **(agree if detection else {}))
+    # Engines agree when the task's predictions do (top-1; a detector's detections pair up).
+    checks = {model: base.check(engines[model], reference, path, x, task.labels(test),
+                                threads=threads[0], batch_size=max(p.batch_sizes),
+                                min_agreement=p.min_runtime_agreement, agree=task.agree)
               for model, path in models.items()}
 
     if not any(c.runs for c in checks[variant].values()):  # the bf16 row: no engine reads it
@@ -85,14 +79,15 @@ def main(argv: list[str]) -> None:
                                   machine["cores"], p)
     if variant == "bf16":
         timings["unsupported"] = registry.unsupported(p.runtimes, "bf16")
-    if detection:
-        # What an application waits for: the model, then decode + NMS (the same code for every
-        # variant), on the engine of the row's latency, interleaved with FP32's the same way.
+    if task.postprocess is not None:
+        # What an application waits for: the model, then its post-processing (a detector's
+        # decode + NMS, the same code for every variant), on the engine of the row's latency,
+        # interleaved with FP32's the same way.
         row_engine = engines[variant][timings["runtime"]]
 
         def end_to_end(engine, path, count):
             run = engine.runner(path, count)
-            return lambda batch: post.decode(run(batch), **d.decode_args())
+            return lambda batch: task.postprocess(run(batch))
 
         timings["end_to_end"] = bench.latency_table(
             lambda count: {variant: end_to_end(row_engine, models[variant], count),

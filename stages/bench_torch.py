@@ -5,10 +5,10 @@ timed in the same interleaved rounds as models/fp32.onnx (the practitioner's tab
 import torch
 
 from quantpipe import bench, data, models, onnxutil, params
+from quantpipe.tasks import bind
 from quantpipe import machine as machines
 from quantpipe.io import run_stage, stage_args, write_json
 from quantpipe.schemas.bench import BenchParams
-from quantpipe.schemas.detect import DetectParams
 from quantpipe.schemas.runtime import RuntimeParams
 from quantpipe.schemas.train import TrainParams
 
@@ -31,13 +31,10 @@ def main(argv: list[str]) -> None:
     model = models.build_model(name, info.channels, info.image_size, info.num_classes)
     models.load_weights(model, args.model)
     out = models.predict_torch(model, x)
-    if info.task == "detection":  # mAP of its detections, decoded as every variant's are
-        from quantpipe.detection import task
-
-        metrics = task.scored(out, test, info, params.load(DetectParams))[0]
-        score = {k: metrics[k] for k in ("map_50_95", "map_50")}
-    else:
-        score = {"accuracy": round(float((out.argmax(1) == test.y).mean()), 6)}
+    # The task's score (a detector's: mAP of its detections, decoded as every variant's are).
+    task = bind.for_data(info)
+    scores = task.test_scores(out, test)
+    score = {k: scores[k] for k in task.torch_score_keys}
 
     # A bad FP32 model fails in one line, before the progress bar.
     onnxutil.check_input_matches(onnxutil.make_session(args.fp32, level=level), info.input_shape,

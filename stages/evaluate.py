@@ -7,13 +7,13 @@ that can (OpenVINO), on a CPU with native BF16; elsewhere it is skipped with the
 import time
 
 from quantpipe import criterion, data, evaluate, onnxutil, params
+from quantpipe.tasks import bind
 from quantpipe import machine as machines
 from quantpipe.errors import UserError
 from quantpipe.io import resources, run_stage, skipped_model, stage_args, write_json
 from quantpipe.runtimes import registry
 from quantpipe.runtimes.base import RuntimeUnavailable
 from quantpipe.schemas.bench import BenchParams
-from quantpipe.schemas.detect import DetectParams
 from quantpipe.schemas.evaluate import EvaluateParams
 from quantpipe.schemas.runtime import RuntimeParams
 
@@ -37,6 +37,7 @@ def main(argv: list[str]) -> None:
         return
     model = onnxutil.load_model(path)
     info = data.load_info(args.data)
+    task = bind.for_data(info)
     test = data.load_split(args.data, "test")
     x = data.Normalized(test.x, info)  # (N, C, S, S) float32, read a batch at a time
 
@@ -66,18 +67,12 @@ def main(argv: list[str]) -> None:
                                                                 progress="evaluate fp32")
     seconds = time.perf_counter() - start  # the variant's and FP32's pass over the test split
     atol = getattr(p.batch_consistency_atol, variant)
-    same = None
-    if info.task == "detection":
-        from quantpipe.detection import task
-
-        d = params.load(DetectParams)
-        # Batches agree when their detections pair up (same label, IoU >= 0.5), both ways.
-        same = lambda a, b: task.agreement(a, b, d).agreement  # noqa: E731
     # fp32, static and bf16 must match their sequential outputs bit for bit; dynamic is held to
     # its batch tolerance (its activation scales are computed at run time).
     checks = evaluate.edge_checks(session, info, x, odd_batch=ODD_BATCH, large_batch=p.batch_size,
                                   atol=atol, callers=callers, concurrent=concurrent,
-                                  concurrency_atol=atol if variant == "dynamic" else 0.0, same=same)
+                                  concurrency_atol=atol if variant == "dynamic" else 0.0,
+                                  same=task.batch_agreement)
     # Fail before writing: metrics of a model that fails a check (NaN logits, say) must not
     # replace the last good ones.
     failed = [c for c in checks if not c.ok]
@@ -90,33 +85,17 @@ def main(argv: list[str]) -> None:
     pool_out = onnxutil.run_batched(session, pool_x, p.batch_size)
     pool_ref = pool_out if variant == "fp32" else onnxutil.run_batched(fp32_session, pool_x,
                                                                         p.batch_size)
-    if info.task == "detection":
-        task.check_output(logits, info, str(path))
-        quality, pool, results = task.evaluation(logits, ref, pool_out, pool_ref, test, info, d)
-        summary = (f"mAP@[.5:.95] {quality['map_50_95']:.4f} (drop {quality['map_drop_pts']:.2f} "
-                   f"points), mAP@.5 {quality['map_50']:.4f}, detection agreement with fp32 "
-                   f"{quality['agreement']:.4f} (pool of {pool['samples']}: {pool['agreement']:.4f})")
-    else:
-        results = []
-        quality = evaluate.accuracy_metrics(logits, ref, test.y, info.num_classes)
-        pool = criterion.compare(pool_out.argmax(1), pool_ref.argmax(1)).as_dict()
-        summary = (f"accuracy {quality['accuracy']:.4f}, agreement with fp32 "
-                   f"{quality['agreement']:.4f} (flips {quality['fp32_right_int8_wrong']} lost, "
-                   f"{quality['int8_right_fp32_wrong']} won; pool of {pool['samples']}: "
-                   f"{pool['agreement']:.4f})")
+    result = task.evaluate(logits, ref, pool_out, pool_ref, test, str(path))
     metrics = {
-        "variant": variant, **engine, **quality, "pool": pool,
+        "variant": variant, **engine, **result.quality, "pool": result.pool,
         "size_bytes": path.stat().st_size, "ops": onnxutil.op_counts(model),
         "graph_optimization_level": level.name,
         "edge_checks": {c.name: {"ok": c.ok, "detail": c.detail} for c in checks},
         "resources": resources(len(x) * (1 if variant == "fp32" else 2), seconds)}
     write_json(args.metrics, metrics)
-    # Detection: the COCO results the mAP above was scored from, to re-score against
-    # data/prepared/test_annotations.json with any COCO tool.
-    write_json(args.detections, results)
-    write_json(args.confusion, [] if info.task == "detection" else
-               evaluate.confusion_rows(test.y, logits.argmax(1)))
-    print(f"evaluate {variant}: {summary}, {len(checks)} edge checks passed")
+    write_json(args.detections, result.results)  # per-image predictions (COCO results), if any
+    write_json(args.confusion, result.confusion)
+    print(f"evaluate {variant}: {result.line}, {len(checks)} edge checks passed")
 
 
 if __name__ == "__main__":

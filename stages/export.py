@@ -3,9 +3,9 @@
 import torch
 
 from quantpipe import data, models, onnxutil, params
+from quantpipe.tasks import bind
 from quantpipe.errors import UserError
 from quantpipe.io import run_stage, stage_args, write_bytes, write_json
-from quantpipe.schemas.detect import DetectParams
 from quantpipe.schemas.export import ExportParams
 from quantpipe.schemas.runtime import RuntimeParams
 from quantpipe.schemas.train import TrainParams
@@ -19,18 +19,14 @@ def main(argv: list[str]) -> None:
     p, train_p = params.load(ExportParams), params.load(TrainParams)
     level = params.load(RuntimeParams).graph_optimization_level
     info = data.load_info(args.data)
+    task = bind.for_data(info)
     model_name = train_p.for_task(info.task).model
     test = data.load_split(args.data, "test")
     x = data.normalize(test.x[:PARITY_SAMPLES], info)
     source = models.onnx_source(model_name)
     if source:  # bring your own ONNX: validate it against the data instead of exporting
-        check_output = None
-        if info.task == "detection":  # Ultralytics' YOLOv8/YOLO11 layout
-            from quantpipe.detection import task
-
-            check_output = lambda out: task.check_output(out, info, str(source))  # noqa: E731
         proto, facts = onnxutil.import_onnx(source, info.input_shape, info.num_classes, x, level,
-                                            check_output)
+                                            lambda out: task.check_output(out, str(source)))
         write_bytes(args.out, proto.SerializeToString())
         write_json(args.metrics, facts)
         print(f"export: {source} checked against the data ({info.input_shape}, "
@@ -54,28 +50,13 @@ def main(argv: list[str]) -> None:
                         f"(export.max_abs_diff = {p.max_abs_diff:g} x the largest "
                         f"logit, {abs(expected).max():.3g}); the export is wrong (try another "
                         "export.opset) or the tolerance too tight")
-    detections = {}
-    if info.task == "detection":
-        detections = {"detection_parity": detection_parity(got, expected, str(args.out))}
+    # What the task's users see (a detector's decoded detections) must match too.
+    parity = task.parity_record(got, expected, str(args.out))
     write_bytes(args.out, blob)
     write_json(args.metrics, {
         "opset": p.opset, "max_abs_diff": diff, "limit": limit, "parity_samples": len(x),
-        "size_bytes": len(blob), "nodes": len(proto.graph.node), **detections})
+        "size_bytes": len(blob), "nodes": len(proto.graph.node), **parity})
     print(f"export: max |onnx - torch| = {diff:.2e} on {len(x)} test images -> {args.out}")
-
-
-def detection_parity(got, expected, where: str) -> dict:
-    """What a detector's user sees: the decoded detections (boxes, scores, labels at
-    detect.score_threshold) of ONNX and PyTorch must pair up one to one."""
-    from quantpipe.detection import post
-
-    d = params.load(DetectParams).decode_args()
-    result = post.parity(post.decode(expected, **d), post.decode(got, **d))
-    if result["unmatched"]:
-        raise UserError(f"{where}: {result['unmatched']} of {result['detections']} PyTorch "
-                        "detections have no ONNX counterpart (same label, IoU >= 0.5); the "
-                        "export changed the decode or NMS inputs (try another export.opset)")
-    return result
 
 
 if __name__ == "__main__":

@@ -7,63 +7,29 @@ decoded in parallel straight into the split files (quantpipe.imagefolder), with 
 """
 
 import dataclasses
-import json
 import sys
 import time
 
 import numpy as np
 
-from quantpipe import data, imagefolder, modelinfo, params, sources
-from quantpipe.detection import data as detection_data
-from quantpipe.detection import listing as detection_listing
+from quantpipe import data, imagefolder, modelinfo, params, tasks
 from quantpipe.errors import UserError
 from quantpipe.io import atomic_path, resources, run_stage, stage_args, write_json
 from quantpipe.schemas.prepare import PrepareParams
 from quantpipe.schemas.train import TrainParams
 from quantpipe.storage import NpyRows
 
-# Detection: the test split's ground truth in COCO instances format, beside the arrays, so the
-# COCO results each variant's evaluation writes can be re-scored with any COCO tool.
-TEST_ANNOTATIONS = "test_annotations.json"
-
 
 def main(argv: list[str]) -> None:
     args = stage_args("prepare", argv, "prepared", "calibration", "metrics")
     p, seed, stated = model_params(params.load(PrepareParams), params.load(TrainParams))
     start = time.perf_counter()
-    category_ids, class_names, folder, workers_peak, declared = None, None, None, None, {}
-    if p.task == "detection" and p.source != "digits_detection":
-        # Listed first (boxes, declared splits), decoded after the split, in parallel, straight
-        # into the split files, like an image folder.
-        listing = detection_listing.list_source(p.source, p.path, p.channels, p.image_size)
-        class_names, category_ids, declared = (listing.class_names, listing.category_ids,
-                                               listing.declared)
-        num_classes = len(class_names)
-        folder = listing.files
-        objects = listing.objects
-        y = detection_data.strata(objects, num_classes)
-        transform = imagefolder.Transform(listing.channels, p.image_size, pad_value=p.pad_value)
-    elif p.task == "detection":
-        x, canvas_objects, class_names, category_ids = detection_data.load_digits_detection(
-            p.channels, p.image_size)
-        num_classes = len(class_names)
-        full = data.Split(x=x, y=detection_data.strata(canvas_objects, num_classes),
-                          objects=tuple(canvas_objects))
-        y = full.y
-    elif p.source == "imagefolder":
-        # Decoded after the split, in parallel, straight into the split files: a folder larger
-        # than memory never is in memory.
-        image_folder = imagefolder.list_folder(sources.source_root(p.source, p.path))
-        class_names, y = image_folder.classes, image_folder.y
-        num_classes = data.check_labels(y, p.path)
-        folder = image_folder
-        transform = imagefolder.transform_for(image_folder, p.channels, p.image_size, p.resize,
-                                              p.crop)
-    else:
-        full, class_names = sources.load_source(p.source, p.path, p.channels, p.image_size,
-                                             p.resize, p.crop)
-        num_classes = data.check_dataset(full, p.path or p.source)
-        y = full.y
+    # The task's dataset: in memory, or listed now and decoded after the split, in parallel,
+    # straight into the split files (a folder larger than memory never is in memory).
+    task = tasks.spec(p.task)
+    listing = task.load(p)
+    y, declared, folder, workers_peak = listing.y, listing.declared, listing.folder, None
+    class_names, num_classes = listing.class_names, listing.num_classes
     if stated is not None:
         modelinfo.check_classes(stated.class_names, class_names, stated.by,
                                 p.path or p.source)
@@ -77,24 +43,23 @@ def main(argv: list[str]) -> None:
 
     with atomic_path(args.prepared, is_dir=True) as tmp:
         if folder is not None:
-            written, workers_peak = imagefolder.decode_into(folder, parts, tmp, transform)
+            written, workers_peak = imagefolder.decode_into(folder, parts, tmp, listing.transform)
             splits = {name: data.Split(x=NpyRows(written[name]), y=y[idx], objects=None if
-                                       p.task != "detection" else tuple(objects[i] for i in idx))
+                                       listing.objects is None else
+                                       tuple(listing.objects[i] for i in idx))
                       for name, idx in parts.items()}
             for name, idx in parts.items():  # which image went where, for tracing a prediction
                 (tmp / f"{name}_files.txt").write_text("".join(
                     f"{_relative(folder, i, p.path)}\n" for i in idx))
         else:
-            splits = {name: full.take(idx) for name, idx in parts.items()}
+            splits = {name: listing.full.take(idx) for name, idx in parts.items()}
         info = dataclasses.replace(
             data.compute_info(p.source, splits["train"], num_classes, class_names,
                               None if p.mean is None else (p.mean, p.std)),
-            task=p.task, category_ids=category_ids, resize=p.resize, crop=p.crop,
+            task=p.task, category_ids=listing.category_ids, resize=p.resize, crop=p.crop,
             pad_value=p.pad_value or None, model_family=stated.family if stated else None)
         data.save_splits(tmp, splits, info)
-        if p.task == "detection":
-            (tmp / TEST_ANNOTATIONS).write_text(json.dumps(detection_data.coco_ground_truth(
-                splits["test"].objects, p.image_size, category_ids, class_names)) + "\n")
+        task.write_extras(tmp, splits, info)
     calib = data.load_split(args.prepared, "train").take(calib_index)
     with atomic_path(args.calibration, is_dir=True) as tmp:
         data.save_splits(tmp, {"calib": calib}, info)

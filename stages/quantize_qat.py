@@ -15,38 +15,19 @@ the metrics say why (evaluate@qat, bench@qat and report follow suit).
 import sys
 import time
 
-import numpy as np
-
 import torch
 from onnxruntime import GraphOptimizationLevel
 
 from quantpipe import data, models, onnxutil, params
+from quantpipe.tasks import bind
 from quantpipe.engines import qat
 from quantpipe.io import resources, run_stage, stage_args, write_bytes, write_json
-from quantpipe.schemas.detect import DetectParams
 from quantpipe.schemas.export import ExportParams
 from quantpipe.schemas.quantize_qat import QuantizeQATParams
 from quantpipe.schemas.runtime import RuntimeParams
 from quantpipe.schemas.train import TrainParams
 
 NODE_SAMPLES = 256  # test images for the node-by-node check (quantpipe.engines.qat.node_parity)
-
-
-def compare(got: np.ndarray, expected: np.ndarray, detect: DetectParams | None) -> dict:
-    """Outputs against a reference: the largest differences, and top-1 agreement of (N, K)
-    logits or, for a detector (detect given), agreement of the decoded detections (the share
-    matched at IoU >= 0.5 with the same label, the lower of both ways) and how far matched
-    boxes and scores are apart."""
-    diff = np.abs(got.astype(np.float64) - expected)
-    record = {"samples": len(got), "max_abs_diff": round(float(diff.max()), 6),
-              "mean_abs_diff": round(float(diff.mean()), 6)}
-    if detect is None:
-        return {**record, "agreement": round(float((got.argmax(1) == expected.argmax(1)).mean()), 6)}
-    from quantpipe.detection import post
-
-    ref, dets = (post.decode(o, **detect.decode_args()) for o in (expected, got))
-    return {**record, "agreement": round(post.agreement(ref, dets).agreement, 6),
-            **post.parity(ref, dets)}
 
 
 def main(argv: list[str]) -> None:
@@ -57,9 +38,9 @@ def main(argv: list[str]) -> None:
     info = data.load_info(args.data)
     train_p = train_p.for_task(info.task)
     name = train_p.model
-    # A detector trains its convolutions with fake quantization and keeps its decode in float
-    # (quantpipe.engines.qat.FloatDecode); it is judged on detections, not logits.
-    detect = params.load(DetectParams) if info.task == "detection" else None
+    # The task says how the model trains and how the exported outputs compare (a detector's:
+    # on detections, not raw outputs).
+    task = bind.for_data(info)
 
     def skip(reason: str) -> None:
         write_bytes(args.out, b"")
@@ -80,38 +61,21 @@ def main(argv: list[str]) -> None:
         models.build_model(name, info.channels, info.image_size, info.num_classes), args.model)
     removed = qat.without_train_only_modules(model)
     try:
-        qmodel = (qat.prepare_detector if detect else qat.prepare)(
-            model, info.input_shape, p.per_channel, name)
+        # A detector fake-quantizes its convolutions and keeps its decode in float.
+        qmodel = qat.prepare_model(model, info.input_shape, p.per_channel, name)
     except qat.Unsupported as e:
         return skip(str(e))
-    body = qmodel.body if detect else qmodel  # the fake-quantized graph
+    body = qat.body_of(qmodel)  # the fake-quantized graph
     qat.calibrate(body, data.Normalized(calib.x, info), p.calib_batch_size)
     freeze = {"freeze_bn_after": p.freeze_bn_after,
               "freeze_observers_after": p.freeze_observers_after}
-    if detect:
-        from quantpipe.detection import task
-        from quantpipe.detection.model import train_detector
-
-        quality, measure = "val_map_50", "val mAP@.5"
-
-        def val_quality(m: torch.nn.Module) -> float:
-            return task.scored(models.predict_torch(m, x_val), val, info, detect)[0]["map_50"]
-
-        # What fake quantization with calibrated ranges alone gives (PTQ in PyTorch): the
-        # baseline the fine-tune has to improve on.
-        before = val_quality(qmodel)
-        history, steps = qat.fit_with_fake_quant(body, lambda on_step: train_detector(
-            qmodel, x_train, train.objects, x_val, val.objects, epochs=p.epochs,
-            batch_size=p.batch_size, lr=p.lr, seed=seed, score_map_50=val_quality,
-            on_step=on_step), **freeze)
-        after = history[-1].val_map_50
-    else:
-        quality, measure = "val_accuracy", "val accuracy"
-        before = float((models.predict_torch(qmodel, x_val).argmax(1) == val.y).mean())
-        history, steps = qat.finetune(
-            qmodel, x_train, train.y, x_val, val.y, epochs=p.epochs, batch_size=p.batch_size,
-            lr=p.lr, max_shift=train_p.max_shift, seed=seed, **freeze)
-        after = history[-1].val_accuracy
+    # What fake quantization with calibrated ranges alone gives (PTQ in PyTorch): the baseline
+    # the fine-tune has to improve on.
+    before = task.torch_scores(qmodel, x_val, val)[task.validation_key]
+    history, steps = qat.fit_with_fake_quant(body, lambda on_step: task.fit(
+        qmodel, x_train, train, x_val, val, epochs=p.epochs, batch_size=p.batch_size, lr=p.lr,
+        max_shift=train_p.max_shift, seed=seed, on_step=on_step), **freeze)
+    after = getattr(history[-1], task.history_key)
     trained = models.predict_torch(qmodel, x_test)  # the fake-quant model as trained
     qat.fold_batch_norms(body)
     with qat.onnx_rounding(body):  # ... and as exported: BN folded, x / scale rounded
@@ -133,38 +97,30 @@ def main(argv: list[str]) -> None:
     deployed = onnxutil.make_session(blob, level=level)
     fused = onnxutil.run_batched(deployed, x_test)
     got_one = onnxutil.run_batched(deployed, x_test[:8], batch_size=1)  # the batch axis is dynamic
-    parity = {**compare(got, expected, detect), "output_step": qat.output_step(proto),
-              "deployed": {**compare(fused, expected, detect), "level": level.name},
+    parity = {**task.compare(got, expected), "output_step": qat.output_step(proto),
+              "deployed": {**task.compare(fused, expected), "level": level.name},
               "batch_one_max_abs_diff": round(onnxutil.max_abs_diff(got_one, fused[:8]), 6),
               # Folding BatchNorm and rounding x / scale change float rounding only.
-              "fold_agreement": compare(expected, trained, detect)["agreement"]}
+              "fold_agreement": task.compare(expected, trained)["agreement"]}
     metrics = {
         "model": name, "epochs": p.epochs, "lr": p.lr, "per_channel": p.per_channel,
         "steps": steps,
         "freeze_bn_after": p.freeze_bn_after, "freeze_observers_after": p.freeze_observers_after,
         "train_only_modules_removed": removed, "calib_samples": len(calib.y),
-        f"{quality}_calibrated": round(before, 6), quality: after,
-        **({"test_map_50_95": task.scored(fused, test, info, detect)[0]["map_50_95"]} if detect
-           else {"test_accuracy": round(float((fused.argmax(1) == test.y).mean()), 6)}),
+        f"{task.history_key}_calibrated": round(before, 6), task.history_key: after,
+        f"test_{task.score.key}": task.test_scores(fused, test)[task.score.key],
         "epoch_seconds": [h.seconds for h in history], "seconds": seconds,
         "parity": parity, "size_bytes": len(blob), "ops": onnxutil.op_counts(proto),
         # Images through the model: calibration, every epoch's training set, the parity passes.
         "resources": resources(len(calib.y) + p.epochs * len(train) + 3 * len(test),
                                time.perf_counter() - start)}
-    # A detector's outputs are boxes in pixels beside scores: its limit is on the detections.
-    if parity["agreement"] < p.min_agreement or (
-            not detect and parity["max_abs_diff"] > p.max_abs_diff):
+    limits = task.qat_limits(parity, p)
+    if limits:
         # A deep network (EfficientNet) carries float rounding's one-step flips on to whole
         # logits: node by node, each fake-quant computed from the graph's own inputs, tells a
         # faithful export (the limits are then waived) from a node written wrong (named).
         nodes = parity["nodes"] = qat.node_parity(body, proto, x_test[:NODE_SAMPLES],
-                                                  scope="body/" if detect else "")
-        limits = (f"detection agreement {parity['agreement']:.2%}, {parity['unmatched']} "
-                  f"detections unmatched; quantize_qat.min_agreement = {p.min_agreement}"
-                  if detect else
-                  f"max |logit diff| {parity['max_abs_diff']:.3g}, agreement "
-                  f"{parity['agreement']:.2%}; quantize_qat.max_abs_diff = {p.max_abs_diff}, "
-                  f"min_agreement = {p.min_agreement}")
+                                                  scope=qat.scope_of(qmodel))
         where = "" if nodes is None else (
             f"; node by node, {nodes['worst']['node']} differs on "
             f"{nodes['worst']['mismatched']:.2%} of its values, by up to {nodes['max_steps']:g} steps")
@@ -182,8 +138,8 @@ def main(argv: list[str]) -> None:
             print(f"quantize_qat: FAILED: {metrics['failed']}", file=sys.stderr)
     write_bytes(args.out, blob)
     write_json(args.metrics, metrics)
-    print(f"quantize_qat: {name}, {p.epochs} epoch(s) at lr {p.lr:g}: {measure} "
-          f"{before:.4f} calibrated -> {after:.4f} fine-tuned; exported parity "
+    print(f"quantize_qat: {name}, {p.epochs} epoch(s) at lr {p.lr:g}: "
+          f"{task.history_label} {before:.4f} calibrated -> {after:.4f} fine-tuned; exported parity "
           f"max |diff| {parity['max_abs_diff']:.3g}, agreement {parity['agreement']:.2%} "
           f"({seconds:.1f}s) -> {args.out}")
 

@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 
 from quantpipe import criterion, data, onnxutil, params, representative
+from quantpipe.tasks import bind
 from quantpipe.engines import registry
 from quantpipe.engines.base import StaticJob
 from quantpipe.engines.graph import check_calibration, mac_summary
 from quantpipe.errors import UserError
 from quantpipe.io import atomic_path, resources, run_stage, stage_args, write_json
-from quantpipe.schemas.detect import DetectParams
 from quantpipe.schemas.prepare import PrepareParams
 from quantpipe.schemas.quantize_static import QuantizeStaticParams
 from quantpipe.schemas.runtime import RuntimeParams
@@ -58,12 +58,10 @@ def main(argv: list[str]) -> None:
     warnings = engine.warnings(p)
     for w in warnings:
         logging.warning("quantize_static: %s", w)
-    detection = prepared_info.task == "detection"
-    one_image = criterion.one_image_pp(len(val.y))
-    coarse = None if detection else criterion.coarse_split_warning(
-        len(val.y), p.max_accuracy_drop_pp, params.load(PrepareParams).val_fraction)
-    if coarse:
-        logging.warning("quantize_static: %s", coarse)
+    task = bind.for_data(prepared_info)
+    warnings_about_val = task.static_warnings(val, p, params.load(PrepareParams).val_fraction)
+    for w in warnings_about_val:  # a validation split too small to see the drop allowed
+        logging.warning("quantize_static: %s", w)
 
     scored = [0]  # images through candidate and reference models (the stage's images/s)
 
@@ -73,47 +71,19 @@ def main(argv: list[str]) -> None:
         scored[0] += sum(len(x) for x in images)
         return [onnxutil.run_batched(session, x) for x in images]
 
-    if detection:
-        from quantpipe.detection import task
+    # The task's criterion: FP32's validation score, and each candidate's verdict against it.
+    judge = task.static_judge(*outputs(args.fp32, val_x, pool_x), val, p)
 
-        d = params.load(DetectParams)
-        ref_val_out, ref_pool_out = outputs(args.fp32, val_x, pool_x)
-        fp32_val_accuracy = task.scored(ref_val_out, val, prepared_info, d)[0]["map_50_95"]
-        ref_pool = task.top_labels(ref_pool_out, d)
-
-        def check(model_path: Path) -> criterion.Judged:
-            """One candidate against FP32: validation mAP drop, detection agreement on the pool."""
-            return task.judge(*outputs(model_path, val_x, pool_x), fp32_val_accuracy, ref_pool_out,
-                              val, prepared_info, d, max_drop_pts=p.max_accuracy_drop_pp,
-                              min_pool_agreement=p.min_pool_agreement,
-                              agreement_floor=p.agreement_floor)
-
-        def predict(model: Path | bytes, x: np.ndarray) -> np.ndarray:
-            return task.top_labels(outputs(model, x)[0], d)
-    else:
-        ref_val, ref_pool = (o.argmax(1) for o in outputs(args.fp32, val_x, pool_x))
-        fp32_val_accuracy = float((ref_val == val.y).mean())
-
-        def check(model_path: Path) -> criterion.Judged:
-            """One candidate against FP32 on val and pool, and the verdict."""
-            return criterion.assess(*(o.argmax(1) for o in outputs(model_path, val_x, pool_x)),
-                                    ref_val, ref_pool, val.y, max_drop_pp=p.max_accuracy_drop_pp,
-                                    significance=p.significance,
-                                    min_pool_agreement=p.min_pool_agreement,
-                                    agreement_floor=p.agreement_floor)
-
-        def predict(model: Path | bytes, x: np.ndarray) -> np.ndarray:
-            return outputs(model, x)[0].argmax(1)
+    def check(model_path: Path) -> criterion.Judged:
+        return judge.check(*outputs(model_path, val_x, pool_x))
 
     # Does the calibration set look like the data? Inputs, and FP32's outputs on both.
     test_x = data.load_split(args.data, "test").x
     calib_out, test_out = outputs(args.fp32, data.Normalized(calib.x, info),
                                   data.Normalized(test_x, prepared_info))
-    stats = (lambda out: task.output_statistics(out, d)) if detection else \
-        representative.classifier_outputs
     calibration_check, calibration_warnings = representative.check(
-        representative.input_measures(calib.x, test_x)
-        + representative.output_measures(stats(calib_out), stats(test_out)))
+        representative.input_measures(calib.x, test_x) + representative.output_measures(
+            task.output_statistics(calib_out), task.output_statistics(test_out)))
     for w in calibration_warnings:
         logging.warning("quantize_static: %s", w)
 
@@ -121,9 +91,9 @@ def main(argv: list[str]) -> None:
     with atomic_path(args.out) as tmp:
         result = engine.quantize(StaticJob(
             fp32=args.fp32, out=tmp, calib_x=calib.x, info=info, params=p, check=check,
-            pool_x=pool_x, pool_ref=ref_pool,
-            predict=lambda model, x: predict(model.SerializeToString(), x),
-            float_tail=detection and d.float_decode))
+            pool_x=pool_x, pool_ref=judge.ref_pool,
+            predict=lambda model, x: judge.labels(outputs(model.SerializeToString(), x)[0]),
+            float_tail=task.float_tail))
         settings = engine.settings(p, result)
         static = onnxutil.load_model(tmp)  # onnx.checker on what we are about to publish
         last = result.final
@@ -134,11 +104,9 @@ def main(argv: list[str]) -> None:
             # Where the arithmetic is and how much of it the written model runs in INT8: the
             # report's reason when static is not faster (mac_share_int8, macs_by_op_type).
             **mac_summary(static, info.input_shape),
-            **({"task": "detection", "decode_in_float": result.tail_in_float,
-                "fp32_val_map_50_95": round(fp32_val_accuracy, 6)} if detection else {}),
+            **task.static_metrics(judge, result, val),
             "fallback_steps": result.steps,
-            "fp32_val_accuracy": round(fp32_val_accuracy, 6),
-            **({} if detection else {"val_image_pp": round(one_image, 4)}),  # one image's worth
+            "fp32_val_accuracy": round(judge.fp32_score, 6),
             "val_accuracy": last["val_accuracy"],
             "val_accuracy_drop_pp": result.accuracy_drop_pp,
             # What the decision rests on (the kept model): flips and agreement, val and pool.
@@ -163,12 +131,11 @@ def main(argv: list[str]) -> None:
                             message)
         write_json(args.metrics, metrics)
         write_json(args.sensitivity, result.sensitivity)
-    score, unit = ("mAP", "points") if detection else ("accuracy", "pp")
     share = metrics["mac_share_int8"]
     int8 = "unknown share" if share is None else f"{share:.1%}"
     print(f"quantize_static: {result.engine}, {result.calibrate_method} on "
-          f"{result.calib_samples_used} samples, val {score} drop "
-          f"{result.accuracy_drop_pp:.2f} {unit}, pool agreement {last['pool']['agreement']:.2%}, "
+          f"{result.calib_samples_used} samples, val {task.score.label} drop "
+          f"{result.accuracy_drop_pp:.2f} {task.score.unit}, pool agreement {last['pool']['agreement']:.2%}, "
           f"{len(result.nodes_in_float)} compute node(s) in float, {int8} of MACs in INT8 "
           f"({metrics['seconds']:.1f}s) -> {args.out}")
 

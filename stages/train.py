@@ -6,8 +6,8 @@ from dataclasses import asdict
 import torch
 
 from quantpipe import data, models, params
+from quantpipe.tasks import bind
 from quantpipe.io import resources, run_stage, stage_args, write_bytes, write_json
-from quantpipe.schemas.detect import DetectParams
 from quantpipe.schemas.train import TrainParams
 
 
@@ -16,7 +16,7 @@ def main(argv: list[str]) -> None:
     p, seed = params.load(TrainParams), params.seed()  # a bad key stops before the data is read
     info = data.load_info(args.data)
     p = p.for_task(info.task)
-    models.check_model_name(p.model, info.task)
+    bind.check_model(info.task, p.model)
     if models.onnx_source(p.model):
         # Nothing to train: the export stage takes the ONNX file. DVC still needs this stage's
         # outputs, so they say so: an empty state_dict and a metrics file naming the source.
@@ -32,29 +32,7 @@ def main(argv: list[str]) -> None:
     if weights:
         models.load_checkpoint(model, weights, p.model, info.num_classes)
     x_train, x_val = data.Normalized(train.x, info), data.Normalized(val.x, info)
-    if info.task == "detection":
-        from quantpipe.detection import task
-        from quantpipe.detection.model import train_detector
-
-        detect = params.load(DetectParams)
-
-        def score(m: torch.nn.Module, x, split: data.Split) -> dict:
-            with torch.no_grad():
-                out = models.predict_torch(m, x)
-            return {"map_50": task.scored(out, split, info, detect)[0]["map_50"]}
-
-        def fit() -> list:
-            return train_detector(model, x_train, train.objects, x_val, val.objects,
-                                  epochs=p.epochs, batch_size=p.batch_size, lr=p.lr, seed=seed,
-                                  score_map_50=lambda m: score(m, x_val, val)["map_50"])
-    else:
-        def score(m: torch.nn.Module, x, split: data.Split) -> dict:
-            return models.score_classifier(m, x, split.y)
-
-        def fit() -> list:
-            return models.train_model(model, x_train, train.y, x_val, val.y, epochs=p.epochs,
-                                      batch_size=p.batch_size, lr=p.lr, max_shift=p.max_shift,
-                                      seed=seed)
+    task = bind.for_data(info)
     start = time.perf_counter()
     # The checkpoint's own scores: what epochs 0 ships, what fine-tuning starts from.
     brought = {}
@@ -62,12 +40,12 @@ def main(argv: list[str]) -> None:
         test = data.load_split(args.data, "test")
         for name, (x, split) in {"val": (x_val, val),
                                  "test": (data.Normalized(test.x, info), test)}.items():
-            brought.update({f"{name}_{k}": v for k, v in score(model, x, split).items()})
-    history = fit() if p.epochs else []
+            brought.update({f"{name}_{k}": v for k, v in task.torch_scores(model, x, split).items()})
+    history = task.fit(model, x_train, train, x_val, val, epochs=p.epochs, batch_size=p.batch_size,
+                       lr=p.lr, max_shift=p.max_shift, seed=seed) if p.epochs else []
     if history:
         last = history[-1]
-        key = "val_map_50" if info.task == "detection" else "val_accuracy"
-        summary = {key: getattr(last, key), "val_loss": last.val_loss,
+        summary = {task.history_key: getattr(last, task.history_key), "val_loss": last.val_loss,
                    "train_loss": last.train_loss,
                    **({"checkpoint": brought} if weights else {})}
     else:

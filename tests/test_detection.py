@@ -342,14 +342,17 @@ def test_qat_of_a_detector_fake_quantizes_its_convs_and_exports_its_decode_in_fl
 
 def test_detectors_need_the_detection_task():
     from quantpipe.errors import UserError
-    from quantpipe.models import check_model_name
+    from quantpipe.tasks.bind import check_model
 
-    check_model_name("ssdlite320_mobilenet_v3_large", "detection")
-    check_model_name("fasterrcnn_mobilenet_v3_large_320_fpn", "detection")
-    with pytest.raises(UserError, match="is a detector; set prepare.task: detection"):
-        check_model_name("ssdlite320_mobilenet_v3_large", "classification")
-    with pytest.raises(UserError, match="is not a detector"):
-        check_model_name("resnet18", "detection")
+    check_model("detection", "ssdlite320_mobilenet_v3_large")
+    check_model("detection", "fasterrcnn_mobilenet_v3_large_320_fpn")
+    check_model("detection", "onnx:inputs/yolo.onnx")
+    with pytest.raises(UserError, match="is a detection model; set prepare.task: detection"):
+        check_model("classification", "ssdlite320_mobilenet_v3_large")
+    with pytest.raises(UserError, match="is a classification model; set prepare.task: classif"):
+        check_model("detection", "resnet18")
+    with pytest.raises(UserError, match="is not a detection model.*tiny_detector"):
+        check_model("detection", "no_such_net")
 
 
 # --- your own data: COCO and YOLO folders ----------------------------------------------------

@@ -917,9 +917,10 @@ def test_qat_logits_beyond_the_limits_with_every_node_faithful_pass_with_a_note(
 # Float rounding makes the exported logits differ from the fake-quant model's on most
 # machines, but not on all (bit for bit on an Intel Xeon with AMX): the screen's measurement is
 # floored at 1e-6 so that, with quantize_qat.max_abs_diff = 1e-9, the node check runs anywhere.
-FLOORED_SCREEN = ("import stages.quantize_qat as s; c = s.compare; "
-                  "s.compare = lambda *a: {**c(*a), "
-                  "'max_abs_diff': max(c(*a)['max_abs_diff'], 1e-6)}; ")
+FLOORED_SCREEN = ("import stages.quantize_qat as s; "
+                  "from quantpipe.tasks.classification.task import Classification as C; "
+                  "c = C.compare; C.compare = lambda self, *a: {**c(self, *a), "
+                  "'max_abs_diff': max(c(self, *a)['max_abs_diff'], 1e-6)}; ")
 RUN_QAT = "from quantpipe.io import run_stage; run_stage(s.main)"
 # ... and the node check's tolerance below zero: no node can pass it, as a node written wrong
 # would not.

@@ -227,8 +227,10 @@ def test_pipeline_from_an_image_folder_of_rgb_pngs(tmp_path):
     assert meta["class_names"] == ["class_0", "class_1", "class_2"]
     s = summary(repo)
     assert s["fp32"]["accuracy"] > 0.6  # three colours are easy; chance is 0.33
-    assert set(s) == {"fp32", "dynamic", "static", "qat", "bf16", "torch", "machine", "runtimes",
-                      "recommended"}
+    # bf16 is measured only where the CPU has it natively; elsewhere "skipped" says why
+    assert set(s) - {"bf16", "skipped"} == {"fp32", "dynamic", "static", "qat", "torch", "machine",
+                                            "runtimes", "recommended", "server"}
+    assert ("bf16" in s) != ("skipped" in s)
 
 
 @pytest.mark.slow  # a whole pipeline from an ONNX file, ~100 s (make test stays under 15 min)

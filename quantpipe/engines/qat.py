@@ -233,6 +233,25 @@ def prepare_detector(detector: nn.Module, input_shape: tuple[int, ...], per_chan
     return FloatDecode(prepare(_Raw(detector), input_shape, per_channel, name), detector)
 
 
+def prepare_model(model: nn.Module, input_shape: tuple[int, ...], per_channel: bool,
+                  name: str) -> nn.Module:
+    """`prepare` for any model: a detector (one with a float `decode` after its learned layers
+    and a `raw_loss`) gets fake quantization in its learned layers only (prepare_detector)."""
+    if hasattr(model, "raw_loss") and hasattr(model, "decode"):
+        return prepare_detector(model, input_shape, per_channel, name)
+    return prepare(model, input_shape, per_channel, name)
+
+
+def body_of(qmodel: nn.Module) -> nn.Module:
+    """The fake-quantized graph of a prepare_model result."""
+    return qmodel.body if isinstance(qmodel, FloatDecode) else qmodel
+
+
+def scope_of(qmodel: nn.Module) -> str:
+    """Where body_of(qmodel)'s nodes sit in the exported graph's names."""
+    return "body/" if isinstance(qmodel, FloatDecode) else ""
+
+
 def fake_quants(model: nn.Module) -> list[nn.Module]:
     from torch.ao.quantization import FakeQuantizeBase
 

@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-from quantpipe.report.summary import quantized_of, score_keys, variants_of
+from quantpipe import tasks
+from quantpipe.report.summary import quantized_of, variants_of
 from quantpipe.schemas.gates import GatesParams
-
-# The guides' order of investigation when a detector loses more than the tolerance.
-DETECTION_INVESTIGATION = (
-    "investigate in this order: calibration data that does not match the test distribution "
-    "(prepare.calib_size, the calibration warning in metrics/quantize_static.json), "
-    "quantize_static.per_channel, the first/last layers in float "
-    "(quantize_static.nodes_to_exclude), then QAT")
 
 
 def check_gates(summary: dict, gates: GatesParams) -> list[str]:
@@ -23,14 +17,13 @@ def gate_failures(summary: dict, gates: GatesParams) -> dict[str, str]:
     for which variant whatever the figures (`make gate` compares two revisions' keys)."""
     failures = {f"{variant} failed": f"{variant} failed: {summary[variant]['failed']}"
                 for variant in quantized_of(summary) if "failed" in summary[variant]}
-    _, drop_key, unit, gate = score_keys(summary)
+    score = tasks.for_summary(summary).score
     for variant in quantized_of(summary):
-        drop = summary[variant][drop_key]
-        if drop > getattr(gates, gate):
-            failures[f"{variant} gates.{gate}"] = (
-                f"{variant} {'mAP' if unit == 'points' else 'accuracy'} drop "
-                f"{drop:.2f} {unit} > gates.{gate} = {getattr(gates, gate)}"
-                + (f"; {DETECTION_INVESTIGATION}" if unit == "points" else ""))
+        drop = summary[variant][score.drop_key]
+        if drop > getattr(gates, score.gate):
+            failures[f"{variant} gates.{score.gate}"] = (
+                f"{variant} {score.label} drop {drop:.2f} {score.unit} > gates.{score.gate} = "
+                f"{getattr(gates, score.gate)}" + (f"; {score.advice}" if score.advice else ""))
     speedups = summary["static"]["speedup"]
     largest = max(speedups, key=lambda k: int(k[2:]))
     if speedups[largest] < gates.min_static_speedup:

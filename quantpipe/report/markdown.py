@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from quantpipe import tails
+from quantpipe import tails, tasks
 from quantpipe.machine import describe
 from quantpipe.profiling import describe_profile
 from quantpipe.report.recommend import SAME_SPEED
@@ -169,26 +169,23 @@ def markdown_table(head: list[str], body: list[list[str]]) -> list[str]:
 
 
 def _headline_table(rows: dict[str, dict], sizes: list[str]) -> list[str]:
-    detection = "map_50_95" in rows["fp32"]
-    head = (["variant", "mAP@[.5:.95]", "mAP@.5", "drop (points)", "detection agreement"]
-            if detection else ["variant", "accuracy", "drop (pp)", "agreement"])
-    head += ["size (MB)", "size ratio"]
+    columns = tasks.of_evaluation(rows["fp32"]).headline  # the task's score and agreement
+    # Post-processing timed with the model (a detector's decode + NMS).
+    end_to_end = "end_to_end" in rows["fp32"]
+    head = ["variant", *(title for title, _, _ in columns), "size (MB)", "size ratio"]
     head += [f"p50 {k} (ms)" for k in sizes] + [f"p99 {k} (ms)" for k in sizes]
     head += [f"speedup {k}" for k in sizes]
-    if detection:
+    if end_to_end:
         head += [f"end to end speedup {k}" for k in sizes]
     body = []
     for variant, s in rows.items():
-        name = f"{variant} (failed)" if "failed" in s else variant
-        cells = [name, f"{s['map_50_95']:.4f}", f"{s['map_50']:.4f}",
-                 _fmt(s.get("map_drop_pts"), ".2f")] if detection else \
-            [name, f"{s['accuracy']:.4f}", _fmt(s.get("accuracy_drop_pp"), ".2f")]
-        cells += [_fmt(s.get("agreement"), ".4f"), f"{s['size_bytes'] / 1e6:.2f}",
-                  _fmt(s.get("size_ratio"), ".3f")]
+        cells = [f"{variant} (failed)" if "failed" in s else variant]
+        cells += [_fmt(s.get(key), spec) for _, key, spec in columns]
+        cells += [f"{s['size_bytes'] / 1e6:.2f}", _fmt(s.get("size_ratio"), ".3f")]
         cells += [_fmt(s["latency_p50_ms"].get(k), ".3f") for k in sizes]
         cells += [_fmt(s.get("latency_p99_ms", {}).get(k), ".3f") for k in sizes]
         cells += [_fmt(s.get("speedup", {}).get(k), ".2f", prefix="x") for k in sizes]
-        if detection:  # torch has no end-to-end row: its decode would be the variants' code
+        if end_to_end:  # torch has no end-to-end row: its decode would be the variants' code
             cells += [_fmt(s.get("end_to_end", {}).get("speedup", {}).get(k), ".2f", prefix="x")
                       for k in sizes]
         body.append(cells)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from quantpipe.report.gates import DETECTION_INVESTIGATION
+from quantpipe import tasks
 from quantpipe.report.markdown import describe_config
 from quantpipe.report.summary import quantized_of
 from quantpipe.schemas.gates import GatesParams
@@ -16,14 +16,9 @@ MOSTLY_FLOAT = 0.5
 
 
 def tolerance_notes(summary: dict, gates: GatesParams) -> list[str]:
-    """Detection's tolerance table: a drop between gates.warn_map_drop_pts and the gate passes
-    with a warning (report.md)."""
-    if summary.get("task") != "detection":
-        return []
-    return [f"{v} loses {summary[v]['map_drop_pts']:.2f} points of mAP@[.5:.95]: acceptable "
-            f"(between {gates.warn_map_drop_pts} and {gates.max_map_drop_pts}), but check it; "
-            f"{DETECTION_INVESTIGATION}" for v in quantized_of(summary)
-            if gates.warn_map_drop_pts < summary[v]["map_drop_pts"] <= gates.max_map_drop_pts]
+    """The task's tolerance table (a detector's drop between gates.warn_map_drop_pts and the
+    gate passes with a warning, report.md)."""
+    return tasks.for_summary(summary).tolerance_notes(summary, gates, quantized_of(summary))
 
 
 def slowdown_notes(summary: dict, evals: dict[str, dict], machine: dict,

@@ -4,6 +4,7 @@ threads curve's plot data."""
 
 from __future__ import annotations
 
+from quantpipe import tasks
 from quantpipe.errors import UserError
 
 QUANTIZED = ("dynamic", "static", "qat")
@@ -13,13 +14,10 @@ CANDIDATES = (*QUANTIZED, "bf16")
 RECORDS = ("machine", "runtimes", "skipped", "recommended", "server", "task")
 
 
-# The task's score, its drop against FP32 and the drop's unit and gate (summary["task"]).
-SCORES = {"classification": ("accuracy", "accuracy_drop_pp", "pp", "max_accuracy_drop_pp"),
-          "detection": ("map_50_95", "map_drop_pts", "points", "max_map_drop_pts")}
-
-
 def score_keys(summary: dict) -> tuple[str, str, str, str]:
-    return SCORES[summary.get("task", "classification")]
+    """The summary's task's score, its drop against FP32 and the drop's unit and gate."""
+    s = tasks.for_summary(summary).score
+    return s.key, s.drop_key, s.unit, s.gate
 
 
 def build_summary(evals: dict[str, dict], benches: dict[str, dict],
@@ -40,13 +38,12 @@ def build_summary(evals: dict[str, dict], benches: dict[str, dict],
     fp32 = evals["fp32"]
     reference = next((name for name, e in benches["fp32"].get("runtimes", {}).items()
                       if e.get("reference")), "onnxruntime")
-    detection = "map_50_95" in fp32
-    summary: dict = {"task": "detection"} if detection else {}
+    task = tasks.of_evaluation(fp32)
+    # The default task is left unnamed, as in summaries written before tasks had names.
+    summary: dict = {} if task.name == tasks.DEFAULT else {"task": task.name}
     for variant, ev in evals.items():
         b = benches[variant]
-        score = {k: ev[k] for k in ("map_50_95", "map_50", "map_75", "per_class_ap")} \
-            if detection else {"accuracy": ev["accuracy"]}
-        entry = {**score, "size_bytes": ev["size_bytes"],
+        entry = {**task.summary_scores(ev), "size_bytes": ev["size_bytes"],
                  **_latency(b["latency"], threads, with_speedup=variant != "fp32")}
         if "end_to_end" in b:  # a detector's model + decode + NMS
             entry["end_to_end"] = _latency(b["end_to_end"], threads, with_speedup=variant != "fp32")
@@ -62,8 +59,7 @@ def build_summary(evals: dict[str, dict], benches: dict[str, dict],
                 entry["failed"] = b["runtimes"][b["runtime"]]["failed"]
         if variant != "fp32":
             entry.update({
-                **({"map_drop_pts": ev["map_drop_pts"]} if detection else
-                   {"accuracy_drop_pp": round((fp32["accuracy"] - ev["accuracy"]) * 100, 4)}),
+                **task.summary_drop(ev, fp32),
                 "agreement": ev["agreement"],
                 "size_ratio": round(ev["size_bytes"] / fp32["size_bytes"], 4),
                 # Each side at its own best configuration, FP32 timed in the same rounds.
@@ -84,8 +80,7 @@ def build_summary(evals: dict[str, dict], benches: dict[str, dict],
         summary[variant] = entry
     if torch_bench is not None:
         # PyTorch eager vs FP32 ONNX: a speedup below 1 means the ONNX export alone is faster.
-        score = ("map_50_95", "map_50") if detection else ("accuracy",)
-        summary["torch"] = {**{k: torch_bench[k] for k in score},
+        summary["torch"] = {**{k: torch_bench[k] for k in task.torch_score_keys},
                             "size_bytes": torch_bench["size_bytes"],
                             **_latency(torch_bench["latency"], threads, with_speedup=True)}
     summary["machine"] = machine

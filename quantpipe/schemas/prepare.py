@@ -8,13 +8,7 @@ from typing import ClassVar
 
 from quantpipe.modelinfo import PRESETS, Stated
 from quantpipe.params import check
-from quantpipe.tasks import TASKS, default
-
-
-# mnist5k, digits and digits_detection ship inside installed wheels; the others read
-# prepare.path. Detection sources carry boxes (COCO instances or Ultralytics' YOLO layout).
-SOURCES = ("mnist5k", "digits", "imagefolder", "npz", "torchvision:<Name>")
-DETECTION_SOURCES = ("digits_detection", "coco", "yolo")
+from quantpipe import tasks
 
 
 # Named normalizations (prepare.mean / prepare.std): torchvision's ImageNet models', and `unit`
@@ -26,9 +20,11 @@ NORMALIZATION_PRESETS = {name: {"mean": mean, "std": std} for name, (mean, std) 
 class PrepareParams:
     SECTION: ClassVar[str] = "prepare"
 
-    # classification (a label per image) or detection (boxes and labels per image).
-    task: str = "classification"
-    # null: the task's own embedded data (mnist5k; digits_detection).
+    # What the model does, a name in quantpipe.tasks.TASKS: classification (a label per
+    # image), detection (boxes and labels per image).
+    task: str = tasks.DEFAULT
+    # One of the task's sources (quantpipe.tasks.<task>.sources); null: the task's own
+    # embedded data (mnist5k; digits_detection).
     source: str | None = None
     path: str | None = None
     # Side of the square images fed to the model (pixels); null: what a brought model states
@@ -62,14 +58,15 @@ class PrepareParams:
     calib_size: int = 256
 
     def __post_init__(self) -> None:
-        check(self.task in TASKS, "prepare.task", self.task, " or ".join(TASKS))
+        check(self.task in tasks.TASKS, "prepare.task", self.task, " or ".join(tasks.TASKS))
+        task = tasks.spec(self.task)
         for key in ("resize", "crop"):
             value = getattr(self, key)
             check(value is None or 8 <= value <= 4096, f"prepare.{key}", value, "8..4096 or null")
         if self.resize or self.crop:
             key = "prepare.resize" if self.resize else "prepare.crop"
-            check(self.task == "classification", key, self.resize or self.crop,
-                  "null with prepare.task: detection (detection images are letterboxed to "
+            check(not task.letterbox, key, self.resize or self.crop,
+                  f"null with prepare.task: {self.task} (its images are letterboxed to "
                   "prepare.image_size)")
             resize, crop = self.resize or self.crop, self.crop or self.resize
             check(crop <= resize, "prepare.crop", crop, f"at most prepare.resize ({resize})")
@@ -89,16 +86,12 @@ class PrepareParams:
                 object.__setattr__(self, key, NORMALIZATION_PRESETS[value][key])
         # Resolved once here, so every reader sees the value in use.
         if self.source is None:
-            object.__setattr__(self, "source", default(self.task, "prepare.source"))
-        if self.task == "detection":
-            check(self.source in DETECTION_SOURCES, "prepare.source", self.source,
-                  f"a detection source: one of {list(DETECTION_SOURCES)} (prepare.task: detection)")
-        else:
-            known = self.source in SOURCES or (self.source.startswith("torchvision:")
-                                               and len(self.source) > len("torchvision:"))
-            hint = " (set prepare.task: detection for a detection source)" \
-                if self.source in DETECTION_SOURCES else ""
-            check(known, "prepare.source", self.source, f"one of {list(SOURCES)}{hint}")
+            object.__setattr__(self, "source", task.defaults["prepare.source"])
+        owner = next((t for t in tasks.TASKS if tasks.spec(t).accepts_source(self.source)), None)
+        hint = f" (set prepare.task: {owner} for a {owner} source)" if owner else ""
+        check(task.accepts_source(self.source), "prepare.source", self.source,
+              f"a {self.task} source: one of "
+              f"{[s + '<Name>' if s.endswith(':') else s for s in task.sources]}{hint}")
         check(self.channels in (None, 1, 3), "prepare.channels", self.channels, "1, 3 or null")
         check((self.mean is None) == (self.std is None), "prepare.mean", self.mean,
               "null together with prepare.std, or a list beside it")
@@ -108,8 +101,8 @@ class PrepareParams:
               self.image_size, "8..1024 or null")
         check(self.pad_value is None or 0 <= self.pad_value <= 255, "prepare.pad_value",
               self.pad_value, "0..255 or null")
-        check(self.pad_value is None or self.task == "detection", "prepare.pad_value",
-              self.pad_value, "null with prepare.task: classification (only detection letterboxes)")
+        check(self.pad_value is None or task.letterbox, "prepare.pad_value", self.pad_value,
+              f"null with prepare.task: {self.task} (its images are not letterboxed)")
         for key in ("val_fraction", "test_fraction"):
             value = getattr(self, key)
             check(0 < value < 0.5, f"prepare.{key}", value, "a number in (0, 0.5)")
@@ -125,7 +118,7 @@ class PrepareParams:
             if self.mean is None and stated.mean is not None:
                 values.update(mean=stated.mean, std=stated.std)
         if self.image_size is None and "image_size" not in values:
-            values["image_size"] = default(self.task, "prepare.image_size")
-        if self.task == "detection" and self.pad_value is None and "pad_value" not in values:
+            values["image_size"] = tasks.default(self.task, "prepare.image_size")
+        if tasks.spec(self.task).letterbox and self.pad_value is None and "pad_value" not in values:
             values["pad_value"] = 0
         return dataclasses.replace(self, **values)

@@ -16,7 +16,7 @@ class TrainParams:
 
     # A zoo name (simple_cnn, mnist_net; tiny_detector), a torchvision classification model
     # (resnet18, ...) or onnx:inputs/<file>.onnx. null (and null epochs, batch_size, lr): the
-    # task's default, mnist_net or tiny_detector (quantpipe/tasks.py).
+    # task's default, mnist_net or tiny_detector (quantpipe/tasks/<task>.py).
     model: str | None = None
     # Weights you bring for train.model: inputs/<file>, a state_dict (or a checkpoint dict
     # holding one under state_dict, model or model_state_dict), read with weights_only=True.

@@ -1,20 +1,18 @@
-"""The detection task's side of the stages: raw outputs -> detections -> COCO metrics and
-agreement with FP32, on one split."""
+"""Object detection after prepare: raw outputs -> detections (quantpipe.detection.post, the
+same decode for every variant and engine) -> COCO metrics (pycocotools) and agreement with
+FP32 on one split; the Detection class answers the stages with the functions below."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from quantpipe import models
 from quantpipe.data import DataInfo, Split
 from quantpipe.detection import coco, post
-from quantpipe.detection.data import coco_ground_truth
+from quantpipe.errors import UserError
 from quantpipe.schemas.detect import DetectParams
-
-
-def ground_truth(split: Split, info: DataInfo) -> dict:
-    return coco_ground_truth(split.objects, info.image_size, info.category_ids,
-                             info.class_names)
-
+from quantpipe.tasks.base import Evaluation, StaticJudge, Task
+from quantpipe.tasks.detection import DetectionSpec, ground_truth
 
 def scored(out: np.ndarray, split: Split, info: DataInfo, p: DetectParams) -> tuple[dict, list[dict]]:
     """COCO metrics of raw outputs (N, 4 + K, A) on a split with objects, and the COCO results
@@ -46,8 +44,6 @@ def evaluation(out: np.ndarray, ref: np.ndarray, pool_out: np.ndarray, pool_ref:
 
 def check_output(out: np.ndarray, info: DataInfo, where: str) -> None:
     """A detector's output must be (N, 4 + classes, anchors)."""
-    from quantpipe.errors import UserError
-
     if out.ndim != 3 or out.shape[1] != 4 + info.num_classes:
         raise UserError(f"{where}: output has shape {tuple(out.shape)}; a detector must give "
                         f"(batch, 4 + {info.num_classes} classes, anchors), the layout "
@@ -115,3 +111,111 @@ def output_statistics(out: np.ndarray, p: DetectParams) -> dict[str, np.ndarray]
     dets = post.decode(out, **p.decode_args())
     return {"top detection score": np.asarray([d.scores.max() if len(d) else 0.0 for d in dets]),
             "detections per image": np.asarray([len(d) for d in dets], np.float64)}
+
+
+class Detection(DetectionSpec, Task):
+    """The stages' side: decode (the same for every variant and engine), COCO scoring,
+    detection agreement, the mAP criterion, QAT with the decode in float."""
+    validation_key, history_key, history_label = "map_50", "val_map_50", "val mAP@.5"
+
+    def __init__(self, info: DataInfo, detect: DetectParams) -> None:
+        super().__init__(info)
+        self.detect = detect
+        decode = detect.decode_args()
+        self.postprocess = lambda out: post.decode(out, **decode)
+        # Batches agree when their detections pair up (same label, IoU >= 0.5), both ways.
+        self.batch_agreement = lambda a, b: agreement(a, b, detect).agreement
+        # A detector's decode stays in float by default (detect.float_decode; docs/detection.md).
+        self.float_tail = detect.float_decode
+
+    @classmethod
+    def from_params(cls, info: DataInfo) -> "Detection":
+        from quantpipe import params
+
+        return cls(info, params.load(DetectParams))
+
+    @classmethod
+    def zoo(cls) -> tuple[str, ...]:
+        return models.DETECTORS
+
+    def fit(self, model, x_train, train, x_val, val, *, epochs, batch_size, lr, max_shift, seed,
+            on_step=None):
+        from quantpipe.detection.model import train_detector
+
+        return train_detector(model, x_train, train.objects, x_val, val.objects, epochs=epochs,
+                              batch_size=batch_size, lr=lr, seed=seed,
+                              score_map_50=lambda m: self.torch_scores(m, x_val, val)["map_50"],
+                              on_step=on_step)
+
+    def torch_scores(self, model, x, split) -> dict:
+        import torch
+
+        with torch.no_grad():
+            out = models.predict_torch(model, x)
+        return {"map_50": scored(out, split, self.info, self.detect)[0]["map_50"]}
+
+    def check_output(self, out, where) -> None:
+        check_output(out, self.info, where)
+
+    def compare(self, got, expected) -> dict:
+        """Raw differences, and agreement of the decoded detections (the share matched at
+        IoU >= 0.5 with the same label, the lower of both ways) and how far matched boxes and
+        scores are apart."""
+        diff = np.abs(got.astype(np.float64) - expected)
+        ref, dets = (self.postprocess(o) for o in (expected, got))
+        return {"samples": len(got), "max_abs_diff": round(float(diff.max()), 6),
+                "mean_abs_diff": round(float(diff.mean()), 6),
+                "agreement": round(post.agreement(ref, dets).agreement, 6), **post.parity(ref, dets)}
+
+    def agree(self, ref, out) -> float:
+        return agreement(out, ref, self.detect).agreement
+
+    def parity_record(self, got, expected, where) -> dict:
+        """What a detector's user sees: the decoded detections (boxes, scores, labels at
+        detect.score_threshold) of the two must pair up one to one."""
+        result = post.parity(self.postprocess(expected), self.postprocess(got))
+        if result["unmatched"]:
+            raise UserError(f"{where}: {result['unmatched']} of {result['detections']} PyTorch "
+                            "detections have no ONNX counterpart (same label, IoU >= 0.5); the "
+                            "export changed the decode or NMS inputs (try another export.opset)")
+        return {"detection_parity": result}
+
+    def evaluate(self, out, ref, pool_out, pool_ref, test, where) -> Evaluation:
+        check_output(out, self.info, where)
+        quality, pool, results = evaluation(out, ref, pool_out, pool_ref, test, self.info,
+                                            self.detect)
+        line = (f"mAP@[.5:.95] {quality['map_50_95']:.4f} (drop {quality['map_drop_pts']:.2f} "
+                f"points), mAP@.5 {quality['map_50']:.4f}, detection agreement with fp32 "
+                f"{quality['agreement']:.4f} (pool of {pool['samples']}: {pool['agreement']:.4f})")
+        # The COCO results the mAP was scored from, to re-score against
+        # data/prepared/test_annotations.json with any COCO tool.
+        return Evaluation(quality, pool, results, [], line)
+
+    def test_scores(self, out, test) -> dict:
+        return scored(out, test, self.info, self.detect)[0]
+
+    def static_judge(self, ref_val_out, ref_pool_out, val, p) -> StaticJudge:
+        fp32 = scored(ref_val_out, val, self.info, self.detect)[0]["map_50_95"]
+
+        def check(val_out: np.ndarray, pool_out: np.ndarray):
+            """One candidate against FP32: validation mAP drop, detection agreement on the pool."""
+            return judge(val_out, pool_out, fp32, ref_pool_out, val, self.info, self.detect,
+                         max_drop_pts=p.max_accuracy_drop_pp,
+                         min_pool_agreement=p.min_pool_agreement, agreement_floor=p.agreement_floor)
+
+        return StaticJudge(fp32, top_labels(ref_pool_out, self.detect), check,
+                           lambda out: top_labels(out, self.detect))
+
+    def static_metrics(self, judge, result, val) -> dict:
+        return {"task": self.name, "decode_in_float": result.tail_in_float,
+                "fp32_val_map_50_95": round(judge.fp32_score, 6)}
+
+    def output_statistics(self, out):
+        return output_statistics(out, self.detect)
+
+    def qat_limits(self, parity, p) -> str | None:
+        # Outputs are boxes in pixels beside scores: the limit is on the detections.
+        if parity["agreement"] >= p.min_agreement:
+            return None
+        return (f"detection agreement {parity['agreement']:.2%}, {parity['unmatched']} "
+                f"detections unmatched; quantize_qat.min_agreement = {p.min_agreement}")
