@@ -22,7 +22,7 @@ ODD_BATCH = 7
 
 def main(argv: list[str]) -> None:
     args = stage_args("evaluate", argv, "model", "fp32", "data", "machine", "metrics", "confusion",
-                      "detections", variant=True)
+                      "predictions", variant=True)
     variant, path, fp32_path = args.variant, args.model, args.fp32
     p = params.load(EvaluateParams)
     level = params.load(RuntimeParams).graph_optimization_level
@@ -32,7 +32,7 @@ def main(argv: list[str]) -> None:
     if skipped:
         write_json(args.metrics, {"variant": variant, "skipped": skipped})
         write_json(args.confusion, [])
-        write_json(args.detections, [])
+        write_json(args.predictions, [])
         print(f"evaluate {variant}: skipped, {skipped}")
         return
     model = onnxutil.load_model(path)
@@ -56,7 +56,7 @@ def main(argv: list[str]) -> None:
         except RuntimeUnavailable as e:  # a file the engine cannot read: no row, not a stop
             write_json(args.metrics, {"variant": variant, "skipped": str(e)})
             write_json(args.confusion, [])
-            write_json(args.detections, [])
+            write_json(args.predictions, [])
             print(f"evaluate {variant}: skipped, {e}")
             return
         engine = {"runtime": bf16.name,
@@ -93,7 +93,7 @@ def main(argv: list[str]) -> None:
         "edge_checks": {c.name: {"ok": c.ok, "detail": c.detail} for c in checks},
         "resources": resources(len(x) * (1 if variant == "fp32" else 2), seconds)}
     write_json(args.metrics, metrics)
-    write_json(args.detections, result.results)  # per-image predictions (COCO results), if any
+    write_json(args.predictions, result.results)  # the task's, in COCO results format, if any
     write_json(args.confusion, result.confusion)
     print(f"evaluate {variant}: {result.line}, {len(checks)} edge checks passed")
 

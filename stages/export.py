@@ -51,7 +51,7 @@ def main(argv: list[str]) -> None:
                         f"logit, {abs(expected).max():.3g}); the export is wrong (try another "
                         "export.opset) or the tolerance too tight")
     # What the task's users see (a detector's decoded detections) must match too.
-    parity = task.parity_record(got, expected, str(args.out))
+    parity = task.parity_record(got, expected, str(args.out), "PyTorch")
     write_bytes(args.out, blob)
     write_json(args.metrics, {
         "opset": p.opset, "max_abs_diff": diff, "limit": limit, "parity_samples": len(x),

@@ -5,6 +5,7 @@ from quantpipe.errors import UserError
 from quantpipe.io import run_stage, stage_args, write_bytes, write_json
 from quantpipe.schemas.runtime import RuntimeParams
 from quantpipe.schemas.simplify import SimplifyParams
+from quantpipe.tasks import bind
 
 PARITY_SAMPLES = 256
 
@@ -27,8 +28,10 @@ def main(argv: list[str]) -> None:
         raise UserError(f"{args.out}: simplified logits differ from {args.exported} by {diff:.3g} > "
                         f"{limit:.3g} (simplify.max_abs_diff = {p.max_abs_diff:g} x "
                         f"the largest logit, {abs(expected).max():.3g})")
+    # What the task's users see (a detector's detections, a segmenter's masks) must match too.
+    parity = bind.for_data(info).parity_record(got, expected, str(args.out), str(args.exported))
     write_bytes(args.out, blob)
-    write_json(args.metrics, {
+    write_json(args.metrics, {**parity,
         "max_abs_diff": diff, "limit": limit, "parity_samples": len(x),
         "size_bytes_before": args.exported.stat().st_size, "size_bytes_after": len(blob),
         "ops_before": onnxutil.op_counts(original), "ops_after": onnxutil.op_counts(simplified),

@@ -532,7 +532,7 @@ def test_written_coco_detections_rescore_to_the_metrics_exactly(detection_run):
 
     gt = COCO(str(detection_run / "data/prepared/test_annotations.json"))
     for variant in ("fp32", "static"):
-        dets = json.loads((detection_run / f"data/detections/{variant}.json").read_text())
+        dets = json.loads((detection_run / f"data/predictions/{variant}.json").read_text())
         ev = COCOeval(gt, gt.loadRes(dets), "bbox")
         ev.evaluate(), ev.accumulate(), ev.summarize()
         metrics = json.loads((detection_run / f"metrics/eval/{variant}.json").read_text())
@@ -632,7 +632,7 @@ def test_a_detection_folder_runs_end_to_end(tmp_path, source):
     gt = json.loads((repo / "data/prepared/test_annotations.json").read_text())
     ids = {c["id"] for c in gt["categories"]}
     assert ids == (set(range(11, 21)) if source == "coco" else set(range(1, 11)))
-    dets = json.loads((repo / "data/detections/static.json").read_text())
+    dets = json.loads((repo / "data/predictions/static.json").read_text())
     assert {d["category_id"] for d in dets} <= ids
 
 

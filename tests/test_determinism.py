@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 # Every cached data/model output the pipeline writes (metrics carry timings and are not compared).
 OUTPUTS = ("data/prepared", "data/calibration", "models/model.pt", "models/exported.onnx",
            "models/fp32.onnx", "models/dynamic.onnx", "models/static.onnx", "models/qat.onnx",
-           *(f"data/detections/{v}.json" for v in VARIANTS))
+           *(f"data/predictions/{v}.json" for v in VARIANTS))
 
 
 @pytest.fixture(scope="module")

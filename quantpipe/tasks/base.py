@@ -180,9 +180,11 @@ class Task(TaskSpec):
         """The share of images on which two models' outputs predict the same."""
         raise NotImplementedError
 
-    def parity_record(self, got: np.ndarray, expected: np.ndarray, where: str) -> dict:
-        """export's extra parity on what users see (beyond the raw outputs' difference); one
-        line naming `where` when the predictions do not pair up."""
+    def parity_record(self, got: np.ndarray, expected: np.ndarray, where: str,
+                      reference: str) -> dict:
+        """export's and simplify's parity on what users see, beyond the raw outputs'
+        difference: `got` (the model written to `where`) against `expected` (`reference`'s);
+        one line naming both when the predictions do not match."""
         return {}
 
     def labels(self, split: Split) -> np.ndarray | None:

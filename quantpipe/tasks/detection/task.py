@@ -170,14 +170,15 @@ class Detection(DetectionSpec, Task):
     def agree(self, ref, out) -> float:
         return agreement(out, ref, self.detect).agreement
 
-    def parity_record(self, got, expected, where) -> dict:
+    def parity_record(self, got, expected, where, reference) -> dict:
         """What a detector's user sees: the decoded detections (boxes, scores, labels at
         detect.score_threshold) of the two must pair up one to one."""
         result = post.parity(self.postprocess(expected), self.postprocess(got))
         if result["unmatched"]:
-            raise UserError(f"{where}: {result['unmatched']} of {result['detections']} PyTorch "
-                            "detections have no ONNX counterpart (same label, IoU >= 0.5); the "
-                            "export changed the decode or NMS inputs (try another export.opset)")
+            raise UserError(f"{where}: {result['unmatched']} of {result['detections']} "
+                            f"detections of {reference} have no counterpart here (same label, "
+                            "IoU >= 0.5); the decode or NMS inputs changed (try another "
+                            "export.opset)")
         return {"detection_parity": result}
 
     def evaluate(self, out, ref, pool_out, pool_ref, test, where) -> Evaluation:
