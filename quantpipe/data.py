@@ -37,6 +37,8 @@ class Split:
     y: np.ndarray
     # Detection only: per image a float32 (n, 5) array x1, y1, x2, y2 (input pixels), class.
     objects: tuple[np.ndarray, ...] | None = None
+    # Segmentation only: (N, H, W) uint8, each pixel's class (255: ignored).
+    masks: np.ndarray | NpyRows | None = None
 
     def __len__(self) -> int:
         return len(self.y)
@@ -44,7 +46,8 @@ class Split:
     def take(self, idx: np.ndarray) -> "Split":
         """The samples at idx; a split on disk stays there (its rows are read when used)."""
         objects = None if self.objects is None else tuple(self.objects[i] for i in idx)
-        return Split(rows(self.x, idx), self.y[idx], objects)
+        masks = None if self.masks is None else rows(self.masks, idx)
+        return Split(rows(self.x, idx), self.y[idx], objects, masks)
 
 
 def rows(x: np.ndarray | NpyRows, idx: np.ndarray) -> np.ndarray | NpyRows:
@@ -263,7 +266,8 @@ class Normalized:
 
 
 def save_splits(directory: Path, splits: dict[str, Split], info: DataInfo) -> None:
-    """Write <name>_x.npy, <name>_y.npy (and a detection split's objects) per split and
+    """Write <name>_x.npy, <name>_y.npy (and a detection split's objects, a segmentation
+    split's masks) per split and
     meta.json into an existing directory."""
     for name, split in splits.items():
         path = directory / f"{name}_x.npy"
@@ -272,6 +276,8 @@ def save_splits(directory: Path, splits: dict[str, Split], info: DataInfo) -> No
         np.save(directory / f"{name}_y.npy", split.y.astype(np.int64))
         if split.objects is not None:
             save_objects(directory, name, split.objects)
+        if split.masks is not None:
+            save_rows(directory / f"{name}_masks.npy", split.masks)
     write_info(directory, info)
 
 
@@ -327,7 +333,9 @@ def load_split(directory: Path | str, name: str) -> Split:
     objects = None
     if (directory / f"{name}_objects.npy").exists():
         objects = load_objects(directory, name)
-    return Split(x=x, y=y, objects=objects)
+    masks_path = directory / f"{name}_masks.npy"
+    masks = NpyRows(masks_path) if masks_path.exists() else None
+    return Split(x=x, y=y, objects=objects, masks=masks)
 
 
 # A detection split's objects: (x1, y1, x2, y2, label) rows per image, flat, with the count of

@@ -11,6 +11,7 @@ NAME picks what renders it:
 - `engines`: metrics/engines.json (scripts/engines.py);
 - `qat_hard`: metrics/qat_hard.json (scripts/qat_hard.py);
 - `detection`: metrics/detection.json (scripts/detection.py);
+- `segmentation`: metrics/segmentation.json (scripts/segmentation.py);
 - `precision`, `precision_one_thread`: every precision on both engines (summary.json: FP32,
   BF16, INT8), all cores and one thread;
 - `ort_amx`: metrics/ort_amx.json (scripts/ort_amx.py);
@@ -263,6 +264,31 @@ def _pipeline(row: dict) -> str:
         return "—"
     train = row.get("train_seconds")
     return f"{row['pipeline_seconds']:.0f} s" + (f" (train {train:.0f} s)" if train else "")
+
+
+def segmentation_table(record: dict) -> str:
+    """metrics/segmentation.json (scripts/segmentation.py): the default segmenter on the
+    embedded canvases and on the same canvases as a `masks` folder."""
+    rows = record["rows"]
+    sizes = sorted(rows[0]["latency_p50_ms"], key=lambda k: int(k[2:]))
+    small, big = sizes[0], sizes[-1]
+    head = ["data", "model", "variant", "mIoU", "pixel accuracy", "drop (points)",
+            "pixel agreement", "size (MB)", f"speedup, 1 thread ({small} / {big})",
+            f"speedup, all cores ({small} / {big})", "pipeline"]
+    body = []
+    for r in rows:
+        one, every = r.get("speedup_1thread") or {}, r.get("speedup") or {}
+        body.append([r["run"], r["model"], r["variant"], f"{r['miou']:.4f}",
+                     f"{r['pixel_accuracy']:.4f}", f"{r['miou_drop_pts']:.2f}",
+                     f"{r['agreement']:.4f}", f"{r['size_bytes'] / 1e6:.2f}",
+                     f"{_x(one.get(small))} / {_x(one.get(big))}",
+                     f"{_x(every.get(small))} / {_x(every.get(big))}", _pipeline(r)])
+    note = (f"Measured on {rows[0]['cpu']}, {rows[0]['cores']} cores. mIoU (over the classes "
+            "present, background included), pixel accuracy and the drop on the test split; "
+            "pixel agreement: the share of test pixels whose class is FP32's. Speedups: FP32's "
+            "p50 from the same interleaved rounds / the variant's, on ONNX Runtime. Pipeline: "
+            "`dvc repro` from scratch.")
+    return "\n".join(markdown_table(head, body) + ["", note])
 
 
 def detection_table(record: dict) -> str:
@@ -668,6 +694,7 @@ ONE_FILE_BLOCKS = {
     "engines": (engines_table, "metrics/engines.json"),
     "qat_hard": (qat_hard_table, "metrics/qat_hard.json"),
     "detection": (detection_table, "metrics/detection.json"),
+    "segmentation": (segmentation_table, "metrics/segmentation.json"),
     "precision": (precision_table, "metrics/summary.json"),
     "ort_amx": (ort_amx_table, "metrics/ort_amx.json"),
     "scale": (scale_table, "metrics/scale.json"),

@@ -30,6 +30,9 @@ ZOO = ("simple_cnn", "mnist_net")
 # Detectors (prepare.task: detection): quantpipe's own (quantpipe.detection.model) and
 # torchvision's, ending in Ultralytics' output layout (quantpipe.detection.zoo).
 DETECTORS = ("tiny_detector", "ssdlite320_mobilenet_v3_large", "fasterrcnn_mobilenet_v3_large_320_fpn")
+# Segmenters (prepare.task: segmentation): quantpipe's own and torchvision's, (N, classes, H, W)
+# logits (quantpipe.segmentation.model).
+SEGMENTERS = ("tiny_segmenter", "lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large")
 
 
 class SimpleCNN(nn.Module):
@@ -119,6 +122,10 @@ def build_model(name: str, channels: int, image_size: int, num_classes: int) -> 
         from quantpipe.detection.zoo import FasterRCNN
 
         return FasterRCNN(channels, image_size, num_classes)
+    if name in SEGMENTERS:
+        from quantpipe.segmentation.model import build
+
+        return build(name, channels, image_size, num_classes)
     if name == "mnist_net":
         if image_size < 6:
             raise UserError(f"train.model = mnist_net needs prepare.image_size >= 6, got {image_size}")

@@ -23,17 +23,23 @@ GAP = 2  # pixels kept free between boxes: one grid cell never centres two digit
 GENERATOR_SEED = 20261202  # the dataset is fixed; prepare's seed only moves the split
 
 
-def digit_canvases(digits: np.ndarray, labels: np.ndarray,
-                   size: int) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
+# Per-pixel masks of the canvases (segmentation): a pixel is its digit's class + 1 where the
+# scaled glyph's ink is at least INK, background (0) where it is below EDGE, and ignored (255)
+# in between: the anti-aliased rim belongs to neither side.
+INK, EDGE, IGNORE = 0.5, 0.15, 255
+
+
+def digit_canvases(digits: np.ndarray, labels: np.ndarray, size: int, with_masks: bool = False):
     """Canvases of size x size from MNIST digits (uint8 (N, 1, 28, 28)), each digit used once so
     no digit is in two splits: images (M, 1, size, size) uint8, objects per image, and each
-    canvas's lighting (0 day, 1 night)."""
+    canvas's lighting (0 day, 1 night); with_masks: also (M, size, size) uint8 masks (INK). The
+    masks draw nothing from the generator: the canvases are the same either way."""
     import torch
     import torch.nn.functional as F
 
     rng = np.random.default_rng(GENERATOR_SEED)
     order = rng.permutation(len(digits))
-    images, objects, night = [], [], []
+    images, objects, night, masks = [], [], [], []
     lo, hi = (max(6, round(s * size / 64)) for s in DIGIT_SIDE)
     cursor = 0
     while cursor < len(order):
@@ -43,6 +49,7 @@ def digit_canvases(digits: np.ndarray, labels: np.ndarray,
         (b_lo, b_hi), (c_lo, c_hi) = LIGHTING["night" if dark else "day"]
         background = rng.uniform(b_lo, b_hi)
         canvas = np.full((size, size), background, np.float32)
+        mask = np.zeros((size, size), np.uint8)
         boxes: list[list[float]] = []
         for i in picks:
             glyph = _tight_crop(digits[i, 0])
@@ -60,11 +67,16 @@ def digit_canvases(digits: np.ndarray, labels: np.ndarray,
             patch = canvas[y:y + h, x:x + w]
             np.maximum(patch, background + (255 - background) * contrast * scaled / 255, out=patch)
             boxes.append([x, y, x + w, y + h, float(labels[i])])
+            region = mask[y:y + h, x:x + w]  # boxes never overlap (GAP)
+            region[scaled >= 255 * EDGE] = IGNORE
+            region[scaled >= 255 * INK] = int(labels[i]) + 1
         noise = rng.normal(0, 3.0, canvas.shape)
         images.append(np.clip(np.round(canvas + noise), 0, 255).astype(np.uint8))
         objects.append(np.asarray(boxes, np.float32).reshape(-1, 5))
         night.append(int(dark))
-    return np.stack(images)[:, None], objects, np.asarray(night, np.int64)
+        masks.append(mask)
+    out = np.stack(images)[:, None], objects, np.asarray(night, np.int64)
+    return (*out, np.stack(masks)) if with_masks else out
 
 
 def _tight_crop(img: np.ndarray) -> np.ndarray:

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from quantpipe.errors import UserError
+from quantpipe.training import fit_epochs
 
 STRIDE = 8
 
@@ -149,16 +150,6 @@ def detection_loss(raw: tuple[torch.Tensor, torch.Tensor], centres: torch.Tensor
     return loss
 
 
-def one_cycle(optimizer: torch.optim.Optimizer, lr: float, steps: int):
-    """OneCycleLR with a tenth of the steps warming up, and at least two: with fewer, torch
-    divides by a warm-up of zero steps (a few hundred images at batch 32: 2 epochs x 5 steps).
-    Under four steps there is no cycle to run: the learning rate stays at lr."""
-    if steps < 4:
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-    return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=steps,
-                                               pct_start=max(0.1, 2.0 / steps))
-
-
 def train_detector(model: nn.Module, x_train: np.ndarray, obj_train: tuple[np.ndarray, ...],
                    x_val: np.ndarray, obj_val: tuple[np.ndarray, ...], *,
                    epochs: int, batch_size: int, lr: float, seed: int,
@@ -168,42 +159,20 @@ def train_detector(model: nn.Module, x_train: np.ndarray, obj_train: tuple[np.nd
     own `loss(x, objects)`; score_map_50(model) is the validation mAP@.5 after each epoch, and
     on_step(model, step) runs after each optimizer step (1, 2, ...) as in models.train_model.
     Deterministic for a seed on a given machine."""
-    torch.use_deterministic_algorithms(True)
-    gen = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
-    steps = epochs * max(1, len(x_train) // batch_size)
-    schedule = one_cycle(optimizer, lr, steps)
-    history, step = [], 0
-    for epoch in range(1, epochs + 1):
-        start = time.perf_counter()
-        model.train()
-        order = torch.randperm(len(x_train), generator=gen)
-        total = 0.0
-        batches = [b for b in order.split(batch_size) if len(b) == batch_size] or [order]
-        for idx in batches:
-            if step >= steps:
-                break
-            optimizer.zero_grad()
-            # A batch at a time: x_train may be a split on disk (quantpipe.data.Normalized).
-            loss = model.loss(torch.from_numpy(x_train[idx.numpy()]),
-                              [obj_train[i] for i in idx.tolist()])
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-            step += 1
-            if on_step is not None:
-                on_step(model, step)
-            total += loss.item() * len(idx)
-        model.eval()
+    def batch_loss(idx: torch.Tensor) -> torch.Tensor:
+        # A batch at a time: x_train may be a split on disk (quantpipe.data.Normalized).
+        return model.loss(torch.from_numpy(x_train[idx.numpy()]), [obj_train[i] for i in idx.tolist()])
+
+    def end_epoch(epoch: int, train_loss: float, start: float) -> DetEpoch:
         with torch.no_grad():
             val_loss = float(model.loss(torch.from_numpy(x_val[:]), list(obj_val)))
-        history.append(DetEpoch(epoch=epoch, train_loss=round(total / sum(map(len, batches)), 6),
-                                val_loss=round(val_loss, 6), val_map_50=round(score_map_50(model), 6),
-                                seconds=round(time.perf_counter() - start, 3)))
+        h = DetEpoch(epoch=epoch, train_loss=train_loss, val_loss=round(val_loss, 6),
+                     val_map_50=round(score_map_50(model), 6),
+                     seconds=round(time.perf_counter() - start, 3))
         if progress:
-            h = history[-1]
             print(f"epoch {epoch}/{epochs}: loss {h.train_loss:.4f}, val loss {h.val_loss:.4f}, "
                   f"val mAP@.5 {h.val_map_50:.4f} ({h.seconds:.1f}s)", flush=True)
-    model.eval()
-    return history
+        return h
+
+    return fit_epochs(model, len(x_train), batch_loss, end_epoch, epochs=epochs,
+                      batch_size=batch_size, lr=lr, seed=seed, on_step=on_step)

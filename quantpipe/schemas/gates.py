@@ -18,6 +18,8 @@ class GatesParams:
     # report.md, beyond it a failure with the order to investigate in.
     warn_map_drop_pts: float = 1.0
     max_map_drop_pts: float = 3.0
+    # Segmentation: the largest mIoU drop in points.
+    max_miou_drop_pts: float = 1.0
     min_static_speedup: float = 1.0
     # Peak RSS (MiB) of a fresh process running any variant at any benchmarked batch size: the
     # device's memory limit. null: no limit.
@@ -28,6 +30,8 @@ class GatesParams:
     def __post_init__(self) -> None:
         check(self.max_accuracy_drop_pp >= 0, "gates.max_accuracy_drop_pp",
               self.max_accuracy_drop_pp, "a number >= 0")
+        check(self.max_miou_drop_pts >= 0, "gates.max_miou_drop_pts", self.max_miou_drop_pts,
+              "a number >= 0")
         check(0 <= self.warn_map_drop_pts <= self.max_map_drop_pts, "gates.warn_map_drop_pts",
               self.warn_map_drop_pts, f"a number in [0, gates.max_map_drop_pts = {self.max_map_drop_pts}]")
         check(self.min_static_speedup >= 0, "gates.min_static_speedup",

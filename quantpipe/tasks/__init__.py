@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from quantpipe.tasks.base import TaskSpec
 
 # The tasks by name; the first is the default (prepare.task's, and an unnamed summary's).
-TASKS = ("classification", "detection")
+TASKS = ("classification", "detection", "segmentation")
 DEFAULT = TASKS[0]
 
 
@@ -31,9 +31,10 @@ def spec(name: str) -> type[TaskSpec]:
     """What task `name` is: defaults, sources, score, report columns."""
     from quantpipe.tasks.classification import ClassificationSpec
     from quantpipe.tasks.detection import DetectionSpec
+    from quantpipe.tasks.segmentation import SegmentationSpec
 
     check_name(name)
-    return {cls.name: cls for cls in (ClassificationSpec, DetectionSpec)}[name]
+    return {cls.name: cls for cls in (ClassificationSpec, DetectionSpec, SegmentationSpec)}[name]
 
 
 def default(task: str, key: str):

@@ -17,9 +17,10 @@ def get(name: str) -> type[Task]:
     """The Task class of task `name`."""
     from quantpipe.tasks.classification.task import Classification
     from quantpipe.tasks.detection.task import Detection
+    from quantpipe.tasks.segmentation.task import Segmentation
 
     check_name(name)
-    return {cls.name: cls for cls in (Classification, Detection)}[name]
+    return {cls.name: cls for cls in (Classification, Detection, Segmentation)}[name]
 
 
 def for_data(info: DataInfo) -> Task:
