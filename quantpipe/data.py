@@ -33,7 +33,7 @@ STREAM_ROWS = 256
 class Split:
     x: np.ndarray | NpyRows  # (N, C, H, W) uint8
     # (N,) int64: the class (classification) or what the split stratifies on (detection:
-    # quantpipe.detection.data.strata).
+    # quantpipe.detection.data.strata; segmentation: quantpipe.segmentation.data.strata).
     y: np.ndarray
     # Detection only: per image a float32 (n, 5) array x1, y1, x2, y2 (input pixels), class.
     objects: tuple[np.ndarray, ...] | None = None
@@ -267,8 +267,7 @@ class Normalized:
 
 def save_splits(directory: Path, splits: dict[str, Split], info: DataInfo) -> None:
     """Write <name>_x.npy, <name>_y.npy (and a detection split's objects, a segmentation
-    split's masks) per split and
-    meta.json into an existing directory."""
+    split's masks) per split and meta.json into an existing directory."""
     for name, split in splits.items():
         path = directory / f"{name}_x.npy"
         if not (isinstance(split.x, NpyRows) and split.x.whole_file and split.x.path == path):
