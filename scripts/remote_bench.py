@@ -149,7 +149,7 @@ def target(out: Path, python: str) -> None:
                 model.parent.mkdir(exist_ok=True)
                 model.touch()  # qat skipped on this pipeline: an empty file, as its stage leaves
             extra = (["--confusion", str(out / f"plots/confusion_{variant}.json"),
-                      "--detections", str(out / f"detections/{variant}.json")]
+                      "--predictions", str(out / f"predictions/{variant}.json")]
                      if stage == "evaluate" else [])
             subprocess.run([python, "-m", f"stages.{stage}", variant, "--model", str(model),
                             "--fp32", str(here / "models/fp32.onnx"),

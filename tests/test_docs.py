@@ -15,6 +15,7 @@ from quantpipe.schemas.all import Params
 
 METRICS = ("metrics/summary.json", "metrics/bench/static.json", "metrics/families.json",
            "metrics/engines.json", "metrics/qat_hard.json", "metrics/detection.json",
+           "metrics/segmentation.json",
            "metrics/ort_amx.json", "metrics/scale.json",
            "metrics/spread.json", "metrics/yolo_peer.json", "metrics/ort_threads.json")
 

@@ -209,8 +209,8 @@ SCHEMA_READERS = {
     "bench": {*BENCH, "bench_torch", *EVALUATE},  # evaluate: bench.runtimes, bf16's engine
     "gates": {"report"},
     "review": set(),  # make gate's tolerances: no stage reads them
-    "detect": {"train", "export", "quantize_static", "quantize_qat", *EVALUATE, *BENCH,
-               "bench_torch"},
+    "detect": {"train", "export", "simplify", "quantize_static", "quantize_qat", *EVALUATE,
+               *BENCH, "bench_torch"},
 }
 
 
@@ -349,7 +349,7 @@ def test_the_bf16_row_with_and_without_native_bf16(project, tmp_path):
                   "--machine", str(tmp_path / "machine.json")]
         for stage, outs in (("evaluate", ["--metrics", metrics / "eval/bf16.json",
                                           "--confusion", tmp_path / "confusion.json",
-                                          "--detections", tmp_path / "detections.json"]),
+                                          "--predictions", tmp_path / "predictions.json"]),
                             ("bench", ["--metrics", metrics / "bench/bf16.json"])):
             subprocess.run(["python", "-m", f"stages.{stage}", "bf16", "--model", "models/fp32.onnx",
                             *common, *map(str, outs)], cwd=repo, check=True, capture_output=True)

@@ -133,6 +133,28 @@ def test_the_task_checks_its_output_layout_and_masks_at_every_hop():
     assert judge.check(flipped, flipped).real  # every object pixel lost
 
 
+@pytest.mark.parametrize("name", ["tiny_segmenter", "lraspp_mobilenet_v3_large",
+                                  "deeplabv3_mobilenet_v3_large"])
+def test_every_segmenter_gives_per_pixel_logits_at_the_input_size(name):
+    import torch
+
+    from quantpipe import models
+
+    model = models.build_model(name, 1, 64, 5).eval()  # grey canvases: the stem conv adapted
+    with torch.no_grad():
+        assert tuple(model(torch.zeros(2, 1, 64, 64)).shape) == (2, 5, 64, 64)
+    bind.check_model("segmentation", name)
+    with pytest.raises(UserError, match="is a segmentation model; set prepare.task: segmentation"):
+        bind.check_model("classification", name)
+
+
+def test_tiny_segmenter_names_the_image_sizes_it_takes():
+    from quantpipe import models
+
+    with pytest.raises(UserError, match="divisible by 8.*got 36; try 32"):
+        models.build_model("tiny_segmenter", 1, 36, 5)
+
+
 def _static_params():
     from quantpipe.schemas.quantize_static import QuantizeStaticParams
 

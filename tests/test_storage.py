@@ -173,7 +173,7 @@ def _peak_rss_of_evaluate(repo, test_images: int) -> float:
         [sys.executable, "-m", "stages.evaluate", "fp32", "--model", "models/fp32.onnx",
          "--fp32", "models/fp32.onnx", "--data", "data/prepared", "--machine",
          "metrics/machine.json", "--metrics", str(out), "--confusion", str(out) + ".confusion",
-         "--detections", str(out) + ".detections"],
+         "--predictions", str(out) + ".predictions"],
         cwd=repo, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     metrics = json.loads(out.read_text())
