@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from quantpipe import models
+from quantpipe import models, representative
 from quantpipe.errors import UserError
 from quantpipe.segmentation import data as seg_data
 from quantpipe.segmentation import metrics
@@ -86,9 +86,6 @@ class Segmentation(SegmentationSpec, Task):
     def test_scores(self, out, test) -> dict:
         return metrics.scores(out, test.masks, self.info.num_classes)
 
-    def labels(self, split):
-        return None
-
     def static_judge(self, ref_val_out, ref_pool_out, val, p) -> StaticJudge:
         fp32 = self.test_scores(ref_val_out, val)["miou"]
 
@@ -133,9 +130,9 @@ class Segmentation(SegmentationSpec, Task):
         return {"task": self.name, "fp32_val_miou": round(judge.fp32_score, 6)}
 
     def output_statistics(self, out):
-        z = out - out.max(1, keepdims=True)
-        p = np.exp(z) / np.exp(z).sum(1, keepdims=True)
-        return {"mean top-1 probability": p.max(1).mean(axis=(1, 2)),
+        # A classifier's per-image statistic, per pixel here (softmax over axis 1 either way).
+        top1 = representative.classifier_outputs(out)["top-1 probability"]
+        return {"mean top-1 probability": top1.mean(axis=(1, 2)),
                 "share of pixels not class 0": (out.argmax(1) != 0).mean(axis=(1, 2))}
 
     def qat_limits(self, parity, p) -> str | None:
