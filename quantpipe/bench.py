@@ -112,7 +112,7 @@ def latency_grid(runners_for: Callable[[int], dict[Hashable, Runner]], x: np.nda
                  threads: tuple[int, ...], p: BenchParams, desc: str
                  ) -> dict[str, dict[str, dict[Hashable, Latency]]]:
     """{"threadsT": {"bsN": {key: Latency}}} over `threads` and p.batch_sizes, with a progress
-    bar: runners_for(threads) gives the runners (models, or a model on several engines) that
+    bar: runners_for(threads) gives the runners (models, or a model on several runtimes) that
     are timed in the same interleaved rounds."""
     from tqdm import tqdm
 
@@ -286,7 +286,7 @@ def add_versus(best: dict, grid: dict[str, dict[str, dict[tuple[str, str], Laten
 
 
 def _fastest(grid: dict, name: str, among: list[str], bs: str) -> dict:
-    """The lowest median of `name` over engines `among` and every thread count, unless its tail
+    """The lowest median of `name` over runtimes `among` and every thread count, unless its tail
     is loose and a configuration as fast has a tight one (tails.choose)."""
     options = [(by_size[bs][(name, rt)], rt, count) for count, by_size in grid.items()
                for rt in among if (name, rt) in by_size[bs]]

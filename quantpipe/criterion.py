@@ -1,9 +1,9 @@
 """When is an accuracy drop real? Flips against FP32, McNemar's test, agreement on a large pool.
 
 A validation split of a few hundred images makes one image worth 0.2-0.6 pp: a drop above
-quantize_static.max_accuracy_drop_pp can be one or two flipped images, i.e. noise. So a drop
+quantize_static.max_drop_pts can be one or two flipped images, i.e. noise. So a drop
 counts as real only when all three hold:
-- the validation accuracy drops by more than max_accuracy_drop_pp;
+- the validation accuracy drops by more than max_drop_pts (percentage points for accuracy);
 - the flips are lopsided beyond chance: FP32-right -> INT8-wrong (b) outnumber INT8-right ->
   FP32-wrong (c) with McNemar's exact one-sided p-value below `significance` (under "no real
   drop" each discordant image is a fair coin, so b ~ Binomial(b + c, 1/2));
@@ -21,6 +21,8 @@ import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
+
+from quantpipe import data
 
 # Pool images scored per model: at 99.5% agreement the verdict rests on ~10 disagreements.
 POOL_SIZE = 2000
@@ -101,7 +103,8 @@ def judge(val: Comparison, pool: Comparison, *, max_drop_pp: float, significance
 @dataclass(frozen=True)
 class Judged:
     """A candidate model judged against FP32: what the fallback records and decides on."""
-    # JSON-able: val_accuracy, accuracy_drop_pp, val/pool comparisons, real_drop, verdict.
+    # JSON-able: val_score, drop_pts (the task's score on val and its drop, in points), val/pool
+    # comparisons, real_drop, verdict.
     record: dict
     # Top-1 classes on every judged image (val, then pool): did a change move any prediction?
     predictions: np.ndarray
@@ -114,7 +117,7 @@ class Judged:
         """Larger is better: a drop that is not real, then agreement with FP32 on the pool (the
         largest sample), then the validation drop."""
         pool = self.record.get("pool", {}).get("agreement", 0.0)
-        return (not self.real, pool, -self.record["accuracy_drop_pp"])
+        return (not self.real, pool, -self.record["drop_pts"])
 
 
 def assess(pred_val: np.ndarray, pred_pool: np.ndarray, ref_val: np.ndarray,
@@ -126,8 +129,8 @@ def assess(pred_val: np.ndarray, pred_pool: np.ndarray, ref_val: np.ndarray,
     verdict = judge(val, pool, max_drop_pp=max_drop_pp, significance=significance,
                     min_pool_agreement=min_pool_agreement, agreement_floor=agreement_floor)
     fp32_accuracy = float((ref_val == y_val).mean()) if len(y_val) else 1.0
-    record = {"val_accuracy": round(fp32_accuracy - val.accuracy_drop_pp / 100, 6),
-              "accuracy_drop_pp": val.accuracy_drop_pp, "val": val.as_dict(),
+    record = {"val_score": round(fp32_accuracy - val.accuracy_drop_pp / 100, 6),
+              "drop_pts": val.accuracy_drop_pp, "val": val.as_dict(),
               "pool": pool.as_dict(), "real_drop": verdict.real, "verdict": verdict.why,
               "rule": verdict.rule}
     return Judged(record, np.concatenate([pred_val, pred_pool]))
@@ -140,6 +143,12 @@ def pool_indices(n: int, exclude: np.ndarray | None = None, size: int = POOL_SIZ
     if len(rest) <= size:
         return rest
     return rest[np.linspace(0, len(rest) - 1, size).round().astype(int)]
+
+
+def pool(train_x, info: data.DataInfo, exclude: np.ndarray | None = None) -> data.Normalized:
+    """The pool: train images (uint8 rows, on disk or in memory) not in `exclude` (the
+    calibration set), evenly spaced, normalized a batch at a time as they are read."""
+    return data.Normalized(data.rows(train_x, pool_indices(len(train_x), exclude)), info)
 
 
 def one_image_pp(samples: int) -> float:
@@ -159,5 +168,5 @@ def coarse_split_warning(samples: int, max_drop_pp: float, val_fraction: float |
         fix = (f"raise prepare.val_fraction to about {fraction:.2f} for a finer criterion"
                if fraction < 0.5 else "raise prepare.val_fraction or bring more images")
     return (f"one of the {samples} validation images is worth {one:.2f} pp, more than "
-            f"max_accuracy_drop_pp = {max_drop_pp}: the drop alone cannot tell noise from loss "
+            f"quantize_static.max_drop_pts = {max_drop_pp}: the drop alone cannot tell noise from loss "
             f"(McNemar's test and the pool decide); {fix}")

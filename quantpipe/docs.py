@@ -6,13 +6,13 @@ NAME picks what renders it:
 - `default`: metrics/summary.json and metrics/bench/static.json (the default pipeline: all
   cores, one thread, throughput and memory, ONNX Runtime vs OpenVINO);
 - `headline`: the short table of the README (summary.json);
-- `runtimes`: static.onnx and fp32.onnx on each engine (metrics/bench/static.json);
+- `runtimes`: static.onnx and fp32.onnx on each runtime (metrics/bench/static.json);
 - `families`: metrics/families.json (scripts/families.py);
 - `engines`: metrics/engines.json (scripts/engines.py);
 - `qat_hard`: metrics/qat_hard.json (scripts/qat_hard.py);
 - `detection`: metrics/detection.json (scripts/detection.py);
 - `segmentation`: metrics/segmentation.json (scripts/segmentation.py);
-- `precision`, `precision_one_thread`: every precision on both engines (summary.json: FP32,
+- `precision`, `precision_one_thread`: every precision on both runtimes (summary.json: FP32,
   BF16, INT8), all cores and one thread;
 - `ort_amx`: metrics/ort_amx.json (scripts/ort_amx.py);
 - `scale`: metrics/scale.json (scripts/scale.py);
@@ -172,7 +172,7 @@ def runtimes_table(bench: dict, sizes: list[str], cores: int, version: str) -> l
     rows.append([f"throughput, {bench['throughput']['batch_size']}, {cores} cores",
                  f"{round(bench['throughput']['baseline_best']['ips'], -2):,.0f} img/s", *cells,
                  f"{ips(ov['baseline']['throughput'])} ({_x(ov['baseline']['throughput']['speedup'])})"])
-    return ["**Which engine** (`bench.runtimes`: the same `.onnx` files on ONNX Runtime and "
+    return ["**Which runtime** (`bench.runtimes`: the same `.onnx` files on ONNX Runtime and "
             f"OpenVINO {version}, timed in the same rounds; speedups against FP32 on ONNX "
             "Runtime from those rounds):", "",
             *markdown_table(["batch, threads", "FP32, ONNX Runtime", "static, ONNX Runtime",
@@ -218,8 +218,8 @@ def families_table(families: dict) -> str:
                        f"| | | | | {r['seconds'] / 60:.1f} |")
             continue
         rec = r["recommended"]
-        engine = {"onnxruntime": "ORT", "openvino": "OpenVINO"}.get(rec["runtime"], rec["runtime"])
-        where = "" if rec["variant"] == "fp32" else f", {engine} x{rec['speedup']:.2f}"
+        runtime = {"onnxruntime": "ORT", "openvino": "OpenVINO"}.get(rec["runtime"], rec["runtime"])
+        where = "" if rec["variant"] == "fp32" else f", {runtime} x{rec['speedup']:.2f}"
         out.append(f"| {r['family']} | {r['model']} | {r['image_size']} | {r['fp32_accuracy']:.3f} | "
                    f"{_cell(r['static'])} | {_cell(r['qat'], parity=True)} | {_cell(r['dynamic'])} | "
                    f"{rec['variant']}{where} | {r['seconds'] / 60:.1f} |")
@@ -401,13 +401,13 @@ def yolo_peer_table(record: dict) -> str:
     return "\n".join(out)
 
 
-# (label, variant) rows of the precision table, each on every engine that ran it.
+# (label, variant) rows of the precision table, each on every runtime that ran it.
 PRECISIONS = (("FP32", "fp32"), ("BF16 (the FP32 file)", "bf16"), ("INT8 static", "static"),
               ("INT8 QAT", "qat"), ("INT8 dynamic", "dynamic"))
 
 
 def precision_table(summary: dict, threads: int | None = None) -> str:
-    """Which precision on which CPU: FP32, BF16 and INT8 on each engine, at the headline thread
+    """Which precision on which CPU: FP32, BF16 and INT8 on each runtime, at the headline thread
     count (all cores) against FP32 on ONNX Runtime (same rounds) and, for INT8 at its best,
     against BF16 at its best; or at `threads` (by_threads), without the best-vs-best columns
     (a best is over every thread count)."""
@@ -420,12 +420,12 @@ def precision_table(summary: dict, threads: int | None = None) -> str:
         s = summary.get(v)
         if s is None:
             continue
-        engines = {**({} if "runtime" in s else {reference: s}), **s.get("runtimes", {})}
+        runtimes = {**({} if "runtime" in s else {reference: s}), **s.get("runtimes", {})}
         if threads:
-            engines = {name: e["by_threads"][f"threads{threads}"] for name, e in engines.items()
-                       if f"threads{threads}" in e.get("by_threads", {})}
+            runtimes = {name: e["by_threads"][f"threads{threads}"] for name, e in runtimes.items()
+                        if f"threads{threads}" in e.get("by_threads", {})}
         first = True
-        for name, e in engines.items():
+        for name, e in runtimes.items():
             if "latency_p50_ms" not in e:
                 continue
             versus = s.get("speedup_vs_bf16", {}) if first else {}
@@ -437,7 +437,7 @@ def precision_table(summary: dict, threads: int | None = None) -> str:
                          "—" if drop not in s else f"{s[drop]:.2f}",
                          *[_ms(e["latency_p50_ms"][k]) for k in sizes], *speed,
                          *([] if threads else [_x(versus.get(k)) for k in sizes])])
-    head = ["precision", "engine", score, f"drop ({unit})", *[f"p50 {k}" for k in sizes],
+    head = ["precision", "runtime", score, f"drop ({unit})", *[f"p50 {k}" for k in sizes],
             *[f"vs FP32 on {titles[reference]}, {k}" for k in sizes],
             *([] if threads else [f"INT8 best vs BF16 best, {k}" for k in sizes])]
     cores = summary["machine"]["cores"]
@@ -449,7 +449,7 @@ def precision_table(summary: dict, threads: int | None = None) -> str:
     else:
         note = (f"All {cores} cores. \"vs FP32\": FP32 on {titles[reference]} timed in the same "
                 "interleaved rounds. \"INT8 best vs BF16 best\": the variant at its fastest "
-                "engine and setting against the FP32 file in BF16 at its fastest, timed in the "
+                "runtime and setting against the FP32 file in BF16 at its fastest, timed in the "
                 "same rounds (one value per variant, on its first line).")
     if skipped:
         note += f" No BF16 row: {skipped}."
@@ -463,10 +463,10 @@ AMX_FILES = {"fp32": "FP32", "bf16": "FP32 file in BF16", "s8_symmetric": "INT8,
 
 
 def ort_amx_table(record: dict) -> str:
-    """scripts/ort_amx.py: each file on each engine, its convolutions' kernel and ISA, p50 and
+    """scripts/ort_amx.py: each file on each runtime, its convolutions' kernel and ISA, p50 and
     the speedup against FP32 on ONNX Runtime from the same rounds, at every thread count."""
     threads = record["models"][0]["threads"]
-    head = ["model", "engine", "file", "convolutions ran on",
+    head = ["model", "runtime", "file", "convolutions ran on",
             *[h for t in threads for h in (f"p50, {t} thread{'s' * (t != 1)}", f"vs FP32 ORT, {t}")]]
     body = []
     for m in record["models"]:
@@ -517,7 +517,7 @@ SPREAD_FAMILIES = {
     "by_threads": "`by_threads.threadsT.speedup.bsN`",
     "best": "`best.latency.bsN.speedup` (the recommendation's)",
     "throughput": "`throughput_speedup`, `best.throughput.speedup`",
-    "per_engine": "`runtimes.<engine>.*` (each engine's own)",
+    "per_runtime": "`runtimes.<runtime>.*` (each runtime's own)",
     "vs_bf16": "`*_vs_bf16`",
 }
 
@@ -608,7 +608,7 @@ def _threads_rows(by_option: dict[str, dict]) -> list[tuple[str, str]]:
 
 def machine_tables(machines: list[tuple[str, dict, dict | None]]) -> str:
     """A section per machine: INT8's speedup over FP32 at every thread count benched (each
-    engine; the largest and the smallest batch), what is recommended with its tail, the server
+    runtime; the largest and the smallest batch), what is recommended with its tail, the server
     configuration and, when it ran there, scripts/ort_threads.py's tables. machines: (where its
     files are, summary.json, ort_threads.json or None)."""
     out = []
@@ -626,10 +626,10 @@ def machine_tables(machines: list[tuple[str, dict, dict | None]]) -> str:
                 if v not in summary:
                     continue
                 s = summary[v]
-                engines = {s.get("runtime", reference): s["by_threads"],
-                           **{n: e["by_threads"] for n, e in s.get("runtimes", {}).items()
-                              if "by_threads" in e}}
-                for name, by in engines.items():
+                runtimes = {s.get("runtime", reference): s["by_threads"],
+                            **{n: e["by_threads"] for n, e in s.get("runtimes", {}).items()
+                               if "by_threads" in e}}
+                for name, by in runtimes.items():
                     cells = []
                     for c in counts:
                         t = by.get(f"threads{c}")
@@ -640,7 +640,7 @@ def machine_tables(machines: list[tuple[str, dict, dict | None]]) -> str:
                         speed = f" {_x(t['speedup'][bs])}" if "speedup" in t else ""
                         cells.append(f"{_ms(p50)}{speed}, p99 {_ms(p99)}")
                     rows.append([v, titles[name], *cells])
-            head = ["variant", "engine", *[f"{c} thread{'s' * (c != 1)}"
+            head = ["variant", "runtime", *[f"{c} thread{'s' * (c != 1)}"
                                            + (" (all)" if c == machine["cores"] else "") for c in counts]]
             out += [f"Batch {bs[2:]}: p50, speedup over FP32 on {titles[reference]} at the same "
                     "threads (same rounds), p99:", "", *markdown_table(head, rows), ""]

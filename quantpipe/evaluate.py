@@ -63,8 +63,8 @@ def edge_checks(session: ort.InferenceSession | Runner, info: DataInfo, x: np.nd
     `same` gives the share of detections that match, and a batch whose rows differ passes when
     all of them do); `callers` threads
     calling the session at once must each get what their input gives alone (within
-    concurrency_atol; 0 means exactly). `session` may be another engine's runner; `concurrent`
-    then gives one runner per caller where that engine's runner serves one call at a time
+    concurrency_atol; 0 means exactly). `session` may be another runtime's runner; `concurrent`
+    then gives one runner per caller where that runtime's runner serves one call at a time
     (OpenVINO: one infer request per caller, as its servers do).
     """
     shape = (1, *info.input_shape)

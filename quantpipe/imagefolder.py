@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from quantpipe.data import IMAGE_SUFFIXES, channels_of
+from quantpipe.data import IMAGE_SUFFIXES, Split, channels_of
 from quantpipe.errors import UserError
-from quantpipe.storage import NpyWriter
+from quantpipe.storage import NpyRows, NpyWriter
 
 # Images per task: big enough that a task's overhead is small, small enough that the progress
 # bar moves and every worker stays busy to the end.
@@ -187,3 +187,30 @@ def decode_into(folder: Folder | tuple[Path, ...], parts: dict[str, np.ndarray],
         if pool is not None:  # after an error: drop the queued tasks, not wait for them
             pool.shutdown(wait=True, cancel_futures=True)
     return written, peak
+
+
+def splits_of(listing, parts: dict[str, np.ndarray], directory: Path,
+              root: str | None) -> tuple[dict[str, Split], int | None]:
+    """A task's listing (quantpipe.tasks.base.Listing) cut into `parts` (split name -> indices):
+    taken in memory, or its folder decoded in parallel straight into `directory`'s split files
+    with `<split>_files.txt` beside them (which image went where, relative to `root`,
+    prepare.path, for tracing a prediction). Also the decoders' peak (None in memory)."""
+    if listing.folder is None:
+        return {name: listing.full.take(idx) for name, idx in parts.items()}, None
+    folder = listing.folder
+    written, workers_peak = decode_into(folder, parts, directory, listing.transform)
+    splits = {name: Split(x=NpyRows(written[name]), y=listing.y[idx],
+                          objects=None if listing.objects is None else
+                          tuple(listing.objects[i] for i in idx))
+              for name, idx in parts.items()}
+    for name, idx in parts.items():
+        (directory / f"{name}_files.txt").write_text("".join(
+            f"{_relative(folder, i, root)}\n" for i in idx))
+    return splits, workers_peak
+
+
+def _relative(folder, i: int, root: str | None) -> str:
+    """File i of an image folder or a detection listing, relative to `root`."""
+    if isinstance(folder, Folder):
+        return folder.relative(i)
+    return folder[i].relative_to(root).as_posix() if root else folder[i].as_posix()

@@ -151,7 +151,7 @@ def run_batched(session: ort.InferenceSession | Callable[[np.ndarray], np.ndarra
                 batch_size: int = 256, progress: str | None = None) -> np.ndarray:
     """Outputs of the first model output for (N, ...) inputs (an array, or data.Normalized: a
     split read a batch at a time), batch by batch; `session` may also be a runner (another
-    engine's: batch -> first output). progress: the bar's title, for a long pass."""
+    runtime's: batch -> first output). progress: the bar's title, for a long pass."""
     from tqdm import tqdm
 
     run = session_runner(session) if isinstance(session, ort.InferenceSession) else session
@@ -162,6 +162,19 @@ def run_batched(session: ort.InferenceSession | Callable[[np.ndarray], np.ndarra
             outputs.append(run(x[i:i + batch_size]))
             bar.update(len(outputs[-1]))
     return np.concatenate(outputs)
+
+
+class Outputs:
+    """Models' raw outputs on sets of images, one session per call at `level`; `images` counts
+    the images run (a stage's images/s)."""
+
+    def __init__(self, level: ort.GraphOptimizationLevel) -> None:
+        self.level, self.images = level, 0
+
+    def __call__(self, model: Path | bytes, *images: np.ndarray) -> list[np.ndarray]:
+        session = make_session(model, level=self.level)
+        self.images += sum(len(x) for x in images)
+        return [run_batched(session, x) for x in images]
 
 
 def parity_limit(expected: np.ndarray, tolerance: float) -> float:

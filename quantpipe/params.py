@@ -74,12 +74,21 @@ def parse_seed(raw: dict, source: str = "params") -> int:
     return value
 
 
+# Keys renamed since they were published: the old name is one line saying the new one.
+RENAMED = {"quantize_static.max_accuracy_drop_pp": "quantize_static.max_drop_pts",
+           "review.max_accuracy_drop_pp": "review.max_drop_pts"}
+
+
 def build(cls: type[T], raw: object, prefix: str) -> T:
     if not isinstance(raw, dict):
         raise UserError(f"{prefix.rstrip('.') or 'top level'}: expected a mapping, got {raw!r}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - set(fields))
+    for key in unknown:
+        if prefix + key in RENAMED:
+            raise UserError(f"{prefix}{key} is now {RENAMED[prefix + key]} (the drop of the "
+                            "task's score: accuracy, mAP or mIoU, in points); rename it")
     if unknown:
         raise UserError(f"unknown key {prefix}{unknown[0]}; allowed keys: {', '.join(fields)}")
     values = {name: _convert(hints[name], raw[name], prefix + name)

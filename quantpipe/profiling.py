@@ -4,6 +4,7 @@ line that sums it up (bench writes it, report.md quotes it)."""
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +39,15 @@ def kernel_profile(session, x: np.ndarray, *, runs: int, top: int = 5) -> dict:
             "top_nodes": [{"node": node, "op": op, "ms": round(ms, 4),
                            "share": round(ms / total, 3) if total else 0.0}
                           for node, op, ms in nodes[:top]]}
+
+
+def profile_model(model: Path, x: np.ndarray, *, level, threads: int, runs: int) -> dict:
+    """kernel_profile of `model` in a session of its own on `threads` threads (profiling slows
+    every run a little, so it is never the timed session)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        session = onnxutil.make_session(model, level=level, threads=threads,
+                                        profile_prefix=f"{tmp}/ort")
+        return {"threads": threads, **kernel_profile(session, x, runs=runs)}
 
 
 def describe_profile(profile: dict, ops: int = 3) -> str:

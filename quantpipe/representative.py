@@ -81,3 +81,11 @@ def check(measures: list[Measure]) -> tuple[dict, list[str]]:
     """For the metrics: every measure, and a warning for each that differs."""
     return ({m.name: m.as_dict() for m in measures},
             [m.warning() for m in measures if m.differs])
+
+
+def compare(calib_x, test_x, calib_out: np.ndarray, test_out: np.ndarray,
+            statistics) -> tuple[dict, list[str]]:
+    """check() on the inputs (uint8 images) and on FP32's outputs on them, summarized per image
+    by `statistics` (the task's output_statistics)."""
+    return check(input_measures(calib_x, test_x)
+                 + output_measures(statistics(calib_out), statistics(test_out)))

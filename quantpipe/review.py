@@ -5,7 +5,7 @@ writes (the CI workflow posts it on the pull request).
 The gate reads metrics/summary.json, metrics/machine.json and params.yaml of the work tree and,
 through git, of REV (metrics are `cache: false`, committed to git: nothing is pulled), and fails,
 one line per breach, when
-- a variant's accuracy (a detector's mAP@[.5:.95]) fell by more than review.max_accuracy_drop_pp;
+- a variant's accuracy (a detector's mAP@[.5:.95]) fell by more than review.max_drop_pts;
 - a speedup fell by more than review.max_speedup_regression of its value at REV, judged only when
   both revisions were measured on the same kind of machine (metrics/machine.json): on another
   CPU, core count or runtime version the change of machine is in the figures;
@@ -39,8 +39,8 @@ MACHINE_FILES = ("metrics/machine.json", "metrics/bench/static.json")
 # The speedups the gate compares, by the place of `speedup` in their dotted path (as
 # `dvc metrics diff` names them). Gated: the headline speedup at every batch size and thread
 # count on ONNX Runtime, the best configurations' (the recommendation) and throughput with every
-# core busy. Shown by `dvc metrics diff` but not gated: each engine's own figures
-# (runtimes.<engine>.*, whose fastest is in best) and the ratios to bf16 (*_vs_bf16: two noisy
+# core busy. Shown by `dvc metrics diff` but not gated: each runtime's own figures
+# (runtimes.<runtime>.*, whose fastest is in best) and the ratios to bf16 (*_vs_bf16: two noisy
 # measurements in one figure, and bf16's own speedup is gated).
 GATED_SPEEDUPS = ("speedup", "by_threads", "best", "throughput")
 
@@ -84,7 +84,7 @@ def speedup_family(path: str) -> str | None:
     if any(p.endswith("_vs_bf16") for p in parts):
         return "vs_bf16"
     if parts[0] == "runtimes":
-        return "per_engine"
+        return "per_runtime"
     if parts[0] == "speedup":
         return "speedup"
     if parts[0] == "by_threads":
@@ -121,10 +121,10 @@ def judge(base: Revision, head: Revision, review: ReviewParams, gates: GatesPara
     was, now, common = _both(scores, base, head)
     for path in common:
         drop = (was[path] - now[path]) * 100
-        if drop > review.max_accuracy_drop_pp:
+        if drop > review.max_drop_pts:
             verdict.breaches.append(
                 f"{path}: {was[path]:.4f} at {base.name} -> {now[path]:.4f} in {head.name} "
-                f"(-{drop:.2f} {unit} > review.max_accuracy_drop_pp = {review.max_accuracy_drop_pp})")
+                f"(-{drop:.2f} {unit} > review.max_drop_pts = {review.max_drop_pts})")
     verdict.checked["accuracy"] = len(common)
 
     was, now, common = _both(size_ratios, base, head)

@@ -1,7 +1,7 @@
 """A benchmarked configuration written out as the code that serves it: the exact session or
-compile options the bench ran with (each engine's `settings` in metrics/bench/<variant>.json),
+compile options the bench ran with (each runtime's `settings` in metrics/bench/<variant>.json),
 for summary.json and report.md. Pure functions over the recorded JSON: the report stage imports
-no engine."""
+no runtime."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def options(runtime: str, settings: dict, streams: int, threads: int) -> dict:
 
 def snippet(runtime: str, settings: dict, model: str, streams: int, threads: int) -> str:
     """Python that builds what the bench timed: one session (or infer request) per stream, each
-    driven by its own request thread (both engines release the GIL while they run)."""
+    driven by its own request thread (both runtimes release the GIL while they run)."""
     o = options(runtime, settings, streams, threads)
     if runtime == "onnxruntime":
         lines = ["import onnxruntime as ort", "",

@@ -8,7 +8,7 @@ static QDQ three ways: quantpipe's scheme (U8 activations, S8 symmetric per-chan
 S8 weights with zero points (per tensor, WeightSymmetric false) and U8 weights; then times, in
 the same interleaved rounds (quantpipe's bench), FP32 / each INT8 file on ONNX Runtime,
 FP32 / BF16 / quantpipe's INT8 file on OpenVINO, at every thread count, and records the kernel
-each engine ran (quantpipe.runtimes' kernels()).
+each runtime ran (quantpipe.runtimes' kernels()).
 
     python scripts/ort_amx.py                   # -> metrics/ort_amx.json + table
     python scripts/ort_amx.py --models resnet18:64:32 -o /tmp/ort_amx.json
@@ -120,14 +120,14 @@ def measure(spec: str, tmp: Path, cores: int, flags: dict) -> dict:
     x = np.random.default_rng(1).standard_normal((batch, 3, size, size), dtype=np.float32)
     params = BenchParams(**{**TIMING.__dict__, "batch_sizes": (batch,)})
     threads = bench.resolve_threads(params.threads, cores)
-    grid = bench.latency_grid(lambda count: {key: engine.runner(path, count)
-                                             for key, (engine, path) in runs.items()},
+    grid = bench.latency_grid(lambda count: {key: rt.runner(path, count)
+                                             for key, (rt, path) in runs.items()},
                               x, threads, params, desc=f"{name} {size}px bs{batch}")
     fp32_ort = ("onnxruntime", "fp32")
     rows = []
-    for (runtime, scheme), (engine, path) in runs.items():
+    for (runtime, scheme), (rt, path) in runs.items():
         row = {"runtime": runtime, "file": scheme,
-               "kernels": kernel_table(engine.kernels(path, x, threads[0], flags))}
+               "kernels": kernel_table(rt.kernels(path, x, threads[0], flags))}
         for count in threads:
             lat = grid[f"threads{count}"][f"bs{batch}"]
             row[f"threads{count}"] = {"p50_ms": lat[(runtime, scheme)].p50_ms,

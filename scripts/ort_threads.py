@@ -16,7 +16,7 @@ interleaved rounds (quantpipe.bench), under three sets of session options:
   defaults (they spin), and a dynamic block base of 4 (ORT's finer split of parallel loops).
 - At all cores, batch 64: ONNX Runtime's profile of each file, time per op type.
 - Where OpenVINO is installed: the static file and its NHWC-flatten rewrite on OpenVINO too (one
-  file serves both engines: a rewrite that helps one must not cost the other).
+  file serves both runtimes: a rewrite that helps one must not cost the other).
 
 Standalone beside the pipeline (onnx, onnxruntime, numpy and quantpipe): run it where you
 deploy, or on a bigger machine with scripts/remote_bench.py (its target runs this too).
@@ -188,9 +188,9 @@ def _openvino(files: dict[str, Path], x, threads: tuple[int, ...], p: BenchParam
 
     if ov.ov is None or "static_nhwc_flatten" not in files:
         return None
-    engine = ov.OpenVino()
+    openvino = ov.OpenVino()
     pair = {m: files[m] for m in ("static", "static_nhwc_flatten")}
-    grid = bench.latency_grid(lambda count: {m: engine.runner(path, count) for m, path in pair.items()},
+    grid = bench.latency_grid(lambda count: {m: openvino.runner(path, count) for m, path in pair.items()},
                               x, threads, p, desc="ort_threads openvino")
     return {m: bench.rows_against(grid, m, "static") for m in pair}
 

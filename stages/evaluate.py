@@ -1,8 +1,7 @@
-"""evaluate <variant>: accuracy of models/<variant>.onnx on the test split, agreement and logit
-error vs FP32, per-class accuracy, a confusion matrix, graph facts and edge-input checks.
-
-The bf16 variant is models/fp32.onnx computed in BF16 by the first engine of bench.runtimes
-that can (OpenVINO), on a CPU with native BF16; elsewhere it is skipped with the reason."""
+"""evaluate <variant>: the task's scores of models/<variant>.onnx on the test split, agreement
+and output error vs FP32, per class, graph facts, edge-input checks and the predictions. The bf16
+variant is models/fp32.onnx in BF16 on the first runtime of bench.runtimes that can (OpenVINO),
+on a CPU with native BF16; elsewhere it is skipped with the reason."""
 
 import time
 
@@ -26,15 +25,11 @@ def main(argv: list[str]) -> None:
     variant, path, fp32_path = args.variant, args.model, args.fp32
     p = params.load(EvaluateParams)
     level = params.load(RuntimeParams).graph_optimization_level
-    runtimes = params.load(BenchParams).runtimes  # the engines that may run the bf16 row
+    runtimes = params.load(BenchParams).runtimes  # the runtimes that may run the bf16 row
     machine = machines.load(args.machine)
     skipped = skipped_model(path) or (variant == "bf16" and registry.bf16_skip(machine, runtimes))
     if skipped:
-        write_json(args.metrics, {"variant": variant, "skipped": skipped})
-        write_json(args.confusion, [])
-        write_json(args.predictions, [])
-        print(f"evaluate {variant}: skipped, {skipped}")
-        return
+        return skip(args, skipped)
     model = onnxutil.load_model(path)
     info = data.load_info(args.data)
     task = bind.for_data(info)
@@ -45,21 +40,17 @@ def main(argv: list[str]) -> None:
     onnxutil.check_input_matches(session, info.input_shape, str(path))
     fp32_session = session if variant == "fp32" else onnxutil.make_session(fp32_path, level=level)
     # Concurrent requests: twice as many callers as cores, so requests queue for the cores.
-    callers, concurrent, engine = 2 * machine["cores"], None, {}
+    callers, concurrent, ran_on = 2 * machine["cores"], None, {}
     if variant == "bf16":
-        # The FP32 file computed in BF16 by the first engine of bench.runtimes that can (ONNX
-        # Runtime cannot on x86): everything below is that engine's.
+        # The FP32 file computed in BF16 by the first runtime of bench.runtimes that can (ONNX
+        # Runtime cannot on x86): everything below is that runtime's.
         bf16 = next(iter(registry.select(runtimes, level=level, precision="bf16").values()))
         try:
             session = bf16.runner(path, machine["cores"])
             concurrent = bf16.pool(path, streams=callers, threads=1)
-        except RuntimeUnavailable as e:  # a file the engine cannot read: no row, not a stop
-            write_json(args.metrics, {"variant": variant, "skipped": str(e)})
-            write_json(args.confusion, [])
-            write_json(args.predictions, [])
-            print(f"evaluate {variant}: skipped, {e}")
-            return
-        engine = {"runtime": bf16.name,
+        except RuntimeUnavailable as e:  # a file the runtime cannot read: no row, not a stop
+            return skip(args, str(e))
+        ran_on = {"runtime": bf16.name,
                   "inference_precision": bf16.settings(path, machine["cores"])["inference_precision"]}
     start = time.perf_counter()
     logits = onnxutil.run_batched(session, x, p.batch_size, progress=f"evaluate {variant}")
@@ -80,14 +71,13 @@ def main(argv: list[str]) -> None:
         others = f" (also failed: {', '.join(c.name for c in failed[1:])})" if failed[1:] else ""
         raise UserError(f"{path}: edge check {failed[0].name} failed: {failed[0].detail}{others}")
     # Agreement on a larger pool that needs no labels: train images, evenly spaced.
-    train_x = data.load_split(args.data, "train").x
-    pool_x = data.Normalized(data.rows(train_x, criterion.pool_indices(len(train_x))), info)
+    pool_x = criterion.pool(data.load_split(args.data, "train").x, info)
     pool_out = onnxutil.run_batched(session, pool_x, p.batch_size)
     pool_ref = pool_out if variant == "fp32" else onnxutil.run_batched(fp32_session, pool_x,
                                                                         p.batch_size)
     result = task.evaluate(logits, ref, pool_out, pool_ref, test, str(path))
     metrics = {
-        "variant": variant, **engine, **result.quality, "pool": result.pool,
+        "variant": variant, **ran_on, **result.quality, "pool": result.pool,
         "size_bytes": path.stat().st_size, "ops": onnxutil.op_counts(model),
         "graph_optimization_level": level.name,
         "edge_checks": {c.name: {"ok": c.ok, "detail": c.detail} for c in checks},
@@ -96,6 +86,14 @@ def main(argv: list[str]) -> None:
     write_json(args.predictions, result.results)  # the task's, in COCO results format, if any
     write_json(args.confusion, result.confusion)
     print(f"evaluate {variant}: {result.line}, {len(checks)} edge checks passed")
+
+
+def skip(args, reason: str) -> None:
+    """No row for this variant: empty outputs and the reason."""
+    write_json(args.metrics, {"variant": args.variant, "skipped": reason})
+    write_json(args.confusion, [])
+    write_json(args.predictions, [])
+    print(f"evaluate {args.variant}: skipped, {reason}")
 
 
 if __name__ == "__main__":

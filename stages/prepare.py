@@ -17,7 +17,6 @@ from quantpipe.errors import UserError
 from quantpipe.io import atomic_path, resources, run_stage, stage_args, write_json
 from quantpipe.schemas.prepare import PrepareParams
 from quantpipe.schemas.train import TrainParams
-from quantpipe.storage import NpyRows
 
 
 def main(argv: list[str]) -> None:
@@ -28,7 +27,7 @@ def main(argv: list[str]) -> None:
     # straight into the split files (a folder larger than memory never is in memory).
     task = tasks.spec(p.task)
     listing = task.load(p)
-    y, declared, folder, workers_peak = listing.y, listing.declared, listing.folder, None
+    y, declared = listing.y, listing.declared
     class_names, num_classes = listing.class_names, listing.num_classes
     if stated is not None:
         modelinfo.check_classes(stated.class_names, class_names, stated.by,
@@ -42,17 +41,7 @@ def main(argv: list[str]) -> None:
               "the other half judges the quantized models", file=sys.stderr)
 
     with atomic_path(args.prepared, is_dir=True) as tmp:
-        if folder is not None:
-            written, workers_peak = imagefolder.decode_into(folder, parts, tmp, listing.transform)
-            splits = {name: data.Split(x=NpyRows(written[name]), y=y[idx], objects=None if
-                                       listing.objects is None else
-                                       tuple(listing.objects[i] for i in idx))
-                      for name, idx in parts.items()}
-            for name, idx in parts.items():  # which image went where, for tracing a prediction
-                (tmp / f"{name}_files.txt").write_text("".join(
-                    f"{_relative(folder, i, p.path)}\n" for i in idx))
-        else:
-            splits = {name: listing.full.take(idx) for name, idx in parts.items()}
+        splits, workers_peak = imagefolder.splits_of(listing, parts, tmp, p.path)
         info = dataclasses.replace(
             data.compute_info(p.source, splits["train"], num_classes, class_names,
                               None if p.mean is None else (p.mean, p.std)),
@@ -93,13 +82,6 @@ def model_params(p: PrepareParams, train: TrainParams):
                         "trained with, e.g. -S prepare.mean=imagenet, -S prepare.mean=unit "
                         "(pixel/255 as it is), or one value per channel")
     return p.for_model(stated), params.seed(), stated
-
-
-def _relative(folder, i: int, path: str | None) -> str:
-    """File i of an image folder or a detection listing, relative to prepare.path."""
-    if isinstance(folder, imagefolder.Folder):
-        return folder.relative(i)
-    return folder[i].relative_to(path).as_posix() if path else folder[i].as_posix()
 
 
 if __name__ == "__main__":

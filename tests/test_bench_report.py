@@ -326,11 +326,11 @@ def _bench(variant, p50s, threads=(1, 2), fp32_p50=FP32_P50, ips=None, peak=None
     return {"variant": variant, "graph_optimization_level": "ORT_ENABLE_ALL",
             "machine": VNNI_MACHINE, "threads": list(threads), "latency": latency,
             "throughput": throughput,
-            **_engines(variant, latency, throughput, openvino, openvino_agreement),
+            **_runtimes(variant, latency, throughput, openvino, openvino_agreement),
             "memory": memory}
 
 
-def _engines(variant, latency, throughput, factor, agreement):
+def _runtimes(variant, latency, throughput, factor, agreement):
     """"runtimes" and "best" beside ONNX Runtime's rows, as quantpipe.runtimes.timing makes
     them: OpenVINO at `factor` times ONNX Runtime's latency (FP32 only on ONNX Runtime)."""
     ort, ov, fp32 = (variant, "onnxruntime"), (variant, "openvino"), ("fp32", "onnxruntime")
@@ -439,7 +439,7 @@ def test_summary_throughput_and_memory(evals, benches):
     assert s["static"]["load_ms"] == 6.5
 
 
-def test_summary_has_the_best_engine_and_the_other_engines(evals, benches):
+def test_summary_has_the_best_engine_and_the_other_runtimes(evals, benches):
     for b in benches.values():
         b["threads"] = [2, 1]
     benches["static"] = _bench("static", {"bs1": 0.1, "bs64": 3.2}, threads=(2, 1), openvino=0.5)
@@ -774,7 +774,7 @@ def test_markdown_names_the_machine_and_has_every_section(evals, benches):
     assert list(tables) == ["2 intra-op threads (all cores)",
                             "FP32 PyTorch, FP32 ONNX, INT8 PTQ, INT8 QAT", "Latency by thread count",
                             "Throughput, every core busy (2 cores, largest batch)",
-                            "Engines: the same files on each runtime (2 thread(s))",
+                            "Runtimes: the same files on each of them (2 thread(s))",
                             "Memory and start-up (a fresh process, 2 thread(s))"]
     headline = {row[0]: row for row in tables["2 intra-op threads (all cores)"]}
     assert list(headline) == ["variant", "fp32", "dynamic", "static", "qat"]
@@ -801,19 +801,19 @@ def test_markdown_names_the_machine_and_has_every_section(evals, benches):
     assert "- static is slower than FP32 at bs1: why." in text and text.endswith("\n")
 
 
-def test_markdown_names_the_fastest_engine_per_variant_and_what_was_left_out(evals, benches):
+def test_markdown_names_the_fastest_runtime_per_variant_and_what_was_left_out(evals, benches):
     for b in benches.values():
         b["threads"] = [2, 1]
     benches["static"] = _bench("static", {"bs1": 0.1, "bs64": 3.2}, threads=(2, 1), openvino=0.5)
     benches["qat"] = _bench("qat", {"bs1": 0.1, "bs64": 3.3}, threads=(2, 1), openvino=0.5,
                             openvino_agreement=0.9)
     text = report.render_markdown(report.build_summary(evals, benches), [])
-    rows = _tables(text)["Engines: the same files on each runtime (2 thread(s))"]
-    assert rows[0] == ["variant", "engine", "agreement with ONNX Runtime", "max logit diff",
+    rows = _tables(text)["Runtimes: the same files on each of them (2 thread(s))"]
+    assert rows[0] == ["variant", "runtime", "agreement with ONNX Runtime", "max logit diff",
                        "p50 / p99 bs1 (ms)", "p50 / p99 bs64 (ms)", "vs FP32 on ONNX Runtime, bs64",
                        "throughput (images/s)", "trusted"]
     by_key = {(r[0], r[1]): r for r in rows[1:]}
-    assert len(by_key) == 8  # four variants on two engines
+    assert len(by_key) == 8  # four variants on two runtimes
     p50s = lambda row: [cell.split(" / ")[0] for cell in row[4:6]]  # noqa: E731
     assert p50s(by_key[("static", "ONNX Runtime")]) == ["0.050", "1.600"]
     assert by_key[("static", "ONNX Runtime")][:4] + by_key[("static", "ONNX Runtime")][6:] == [
@@ -1001,8 +1001,8 @@ def test_the_bf16_row_is_a_candidate_and_int8_is_weighed_against_it(evals, bench
             "ran on AMX-INT8 under OpenVINO; BF16 convolutions ran on AMX-BF16 under OpenVINO") in text
     tables = _tables(text)
     assert "Kernels (largest batch, latency configuration)" in tables
-    engines = [row for row in tables["Engines: the same files on each runtime (2 thread(s))"] if row[0] == "bf16"]
-    assert [row[1] for row in engines] == ["OpenVINO"]  # its keys are OpenVINO's, once
+    rows = [row for row in tables["Runtimes: the same files on each of them (2 thread(s))"] if row[0] == "bf16"]
+    assert [row[1] for row in rows] == ["OpenVINO"]  # its keys are OpenVINO's, once
     assert "bf16" not in {row[0] for row in tables["Memory and start-up (a fresh process, 2 thread(s))"]}
     # INT8 that beats BF16 by more than noise pays.
     _with_bf16(evals, benches, bf16_factor=0.9)

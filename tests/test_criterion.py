@@ -108,7 +108,7 @@ def test_coarse_split_warning_names_the_val_fraction_that_fixes_it():
     assert criterion.coarse_split_warning(500, 0.5) is None  # 0.2 pp per image
     message = criterion.coarse_split_warning(179, 0.5, val_fraction=0.1)
     assert message.startswith("one of the 179 validation images is worth 0.56 pp, more than "
-                              "max_accuracy_drop_pp = 0.5")
+                              "quantize_static.max_drop_pts = 0.5")
     assert "raise prepare.val_fraction to about 0.11" in message  # 200 of ~1,790 images
     assert "bring more images" in criterion.coarse_split_warning(30, 0.5, val_fraction=0.1)
 
@@ -120,7 +120,7 @@ def test_assess_records_the_comparisons_and_the_verdict():
     judged = criterion.assess(pred, ref[:4], ref, ref[:4], y, max_drop_pp=0.5, significance=0.1,
                               min_pool_agreement=0.995, agreement_floor=0.97)
     record = judged.record
-    assert record["val_accuracy"] == pytest.approx(5 / 8) and record["accuracy_drop_pp"] == 12.5
+    assert record["val_score"] == pytest.approx(5 / 8) and record["drop_pts"] == 12.5
     assert record["val"]["flips"] == 3 and record["pool"] == {"samples": 4, "agreement": 1.0}
     assert not judged.real and "is noise" in record["verdict"]  # 2 vs 1: McNemar p = 0.5
     assert record["rule"] == "mcnemar_noise"

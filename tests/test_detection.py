@@ -303,7 +303,7 @@ def test_qat_of_a_detector_fake_quantizes_its_convs_and_exports_its_decode_in_fl
 
     from helpers import optimized_ops
     from quantpipe.detection.model import TinyDetector, train_detector
-    from quantpipe.engines import qat
+    from quantpipe.engines import qat, qat_parity
     from quantpipe.onnxutil import make_session, run_batched
 
     _, (images, objects, _) = canvases
@@ -321,12 +321,12 @@ def test_qat_of_a_detector_fake_quantizes_its_convs_and_exports_its_decode_in_fl
     assert steps == 2 and np.isfinite(history[-1].train_loss)
     assert any(not torch.equal(b, fq.scale) for b, fq in zip(before, qat.fake_quants(qmodel.body)))
     qat.fold_batch_norms(qmodel.body)
-    with qat.onnx_rounding(qmodel.body):
+    with qat_parity.onnx_rounding(qmodel.body):
         expected = qmodel(torch.from_numpy(x)).detach().numpy()
     proto = qat.export_qdq(qmodel, (1, 64, 64), 17, "tiny_detector")
     # The decode is float: no QuantizeLinear after Softplus or Sigmoid, a float Concat last.
     ops = {o: n.op_type for n in proto.graph.node for o in n.output}
-    assert qat.output_step(proto) is None and ops[proto.graph.output[0].name] == "Concat"
+    assert qat_parity.output_step(proto) is None and ops[proto.graph.output[0].name] == "Concat"
     tail = {o for o, op in ops.items() if op in ("Softplus", "Sigmoid")}
     assert len(tail) == 2 and not [n for n in proto.graph.node if n.op_type == "QuantizeLinear"
                                    and n.input[0] in tail]

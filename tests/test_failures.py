@@ -777,10 +777,10 @@ def test_no_stage_command_is_built_from_param_strings():
 def test_quantize_static_says_when_one_validation_image_outweighs_the_limit(workspace):
     """500 validation images: one is worth 0.2 pp, more than a 0.1 pp limit. The stage warns with
     the fix and records what its verdict rests on."""
-    set_params(workspace, {"quantize_static": {"max_accuracy_drop_pp": 0.1}})
+    set_params(workspace, {"quantize_static": {"max_drop_pts": 0.1}})
     result = run_script(workspace, "quantize_static")
     assert result.returncode == 0, result.stderr[-2000:]
-    assert ("one of the 500 validation images is worth 0.20 pp, more than max_accuracy_drop_pp = "
+    assert ("one of the 500 validation images is worth 0.20 pp, more than quantize_static.max_drop_pts = "
             "0.1") in result.stderr and "raise prepare.val_fraction" in result.stderr
     q = json.loads((workspace / "metrics/quantize_static.json").read_text())
     assert q["val_image_pp"] == 0.2 and q["val"]["samples"] == 500
@@ -924,7 +924,7 @@ FLOORED_SCREEN = ("import stages.quantize_qat as s; "
 RUN_QAT = "from quantpipe.io import run_stage; run_stage(s.main)"
 # ... and the node check's tolerance below zero: no node can pass it, as a node written wrong
 # would not.
-NO_NODE_PASSES = ("import quantpipe.engines.qat as q; q.NODE_MAX_MISMATCH = -1.0; "
+NO_NODE_PASSES = ("import quantpipe.engines.qat_parity as q; q.NODE_MAX_MISMATCH = -1.0; "
                   + FLOORED_SCREEN + RUN_QAT)
 
 

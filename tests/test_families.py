@@ -109,9 +109,9 @@ def test_family_end_to_end(family, name, size, tmp_path):
         assert "\n" not in str(e) and f"train.model = {name!r}" in str(e)
 
     # The other engine reads the same files (or says in one line why not).
-    engines = registry.select(registry.RUNTIMES.names(), level=LEVEL)
+    runtimes = registry.select(registry.RUNTIMES.names(), level=LEVEL)
     for path in (fp32, dynamic_path, static):
-        checks = base.check(engines, engines[registry.REFERENCE], path, x, split.y, threads=1,
+        checks = base.check(runtimes, runtimes[registry.REFERENCE], path, x, split.y, threads=1,
                             batch_size=16, min_agreement=0.0)
         ov = checks["openvino"]
         assert ov.runs or "OpenVINO cannot" in ov.failed, (family, path.name, ov.failed)

@@ -97,3 +97,14 @@ def test_the_check_sees_a_cycle_closed_by_a_lazy_import():
     graph["quantpipe.errors"] = graph["quantpipe.errors"] | {"quantpipe.machine"}
     (cycle,) = cycles(graph)  # machine -> io -> errors -> machine, and machine -> errors
     assert {"quantpipe.errors", "quantpipe.machine", "quantpipe.io"} <= set(cycle)
+
+
+# A stage script says what the stage does at a glance (DVC's example-get-started keeps its stage
+# scripts at 50-100 lines); what it does in detail is the library's (docs/design.md).
+MAX_STAGE_LINES = 100
+
+
+def test_every_stage_script_reads_at_a_glance():
+    long = {path.name: n for path in sorted((ROOT / "stages").glob("*.py"))
+            if (n := len(path.read_text().splitlines())) > MAX_STAGE_LINES}
+    assert not long, f"stage scripts over {MAX_STAGE_LINES} lines: {long}"

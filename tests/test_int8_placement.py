@@ -96,7 +96,7 @@ class TinyYolo(nn.Module):
 
 
 def _never_real(path: Path) -> criterion.Judged:
-    return criterion.Judged({"accuracy_drop_pp": 0.0, "real_drop": False, "verdict": "ok",
+    return criterion.Judged({"drop_pts": 0.0, "real_drop": False, "verdict": "ok",
                              "pool": {"agreement": 1.0}}, np.zeros(1))
 
 
@@ -242,7 +242,7 @@ def test_the_ladder_puts_the_attention_back_in_float_first(conv_attention, calib
     def check(path: Path) -> criterion.Judged:
         model = onnx.load(str(path))
         real = any(_through_dq(model, name, slice(0, 2)) for name in attention)
-        return criterion.Judged({"accuracy_drop_pp": 5.0 if real else 0.0, "real_drop": real,
+        return criterion.Judged({"drop_pts": 5.0 if real else 0.0, "real_drop": real,
                                  "verdict": "drop" if real else "ok", "pool": {"agreement": 1.0}},
                                 np.array([real]))
 
@@ -263,7 +263,7 @@ def test_the_ladder_puts_the_attention_back_in_float_first(conv_attention, calib
     # Everything but the attention MatMuls' MACs in INT8.
     assert graph.mac_summary(model)["mac_share_int8"] == pytest.approx(
         1 - graph.mac_share(model)["MatMul"], abs=2e-4)
-    assert f"the attention ({len(core)} nodes) in float: drop 0.00 pp" in result.tried()
+    assert f"the attention ({len(core)} nodes) in float: drop 0.00 points" in result.tried()
 
 
 def test_a_transformer_keeps_gemm_and_matmul_only(tmp_path):

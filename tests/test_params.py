@@ -110,6 +110,15 @@ def test_unknown_nested_key_names_the_full_dotted_key():
     assert "calibrate_method" in message
 
 
+@pytest.mark.parametrize("section", ["quantize_static", "review"])
+def test_a_renamed_key_names_its_new_name(section):
+    """The drop thresholds hold mAP and mIoU points too: max_accuracy_drop_pp became
+    max_drop_pts, and a params.yaml with the old name says so in one line."""
+    message = _error({section: {"max_accuracy_drop_pp": 0.5}})
+    assert f"{section}.max_accuracy_drop_pp is now {section}.max_drop_pts" in message
+    assert "\n" not in message
+
+
 def test_unknown_doubly_nested_key():
     message = _error({"evaluate": {"batch_consistency_atol": {"fp16": 0.1}}})
     assert "evaluate.batch_consistency_atol.fp16" in message
@@ -218,8 +227,8 @@ def test_bench_runtimes_default_to_both_engines_and_name_real_ones():
     assert parse_params({"bench": {"runtimes": ["onnxruntime"]}}).bench.runtimes == ("onnxruntime",)
     from quantpipe.runtimes import registry
     assert registry.RUNTIMES.names() == list(Params().bench.runtimes) and registry.REFERENCE == "onnxruntime"
-    engines = registry.select(["onnxruntime"], level=Params().runtime.graph_optimization_level)
-    assert [e.title for e in engines.values()] == ["ONNX Runtime"]
+    runtimes = registry.select(["onnxruntime"], level=Params().runtime.graph_optimization_level)
+    assert [e.title for e in runtimes.values()] == ["ONNX Runtime"]
     with pytest.raises(UserError, match=r"^bench.runtimes: 'tensorrt' is not allowed; use one of "
                                         r"\['onnxruntime', 'openvino'\]$"):
         registry.select(["onnxruntime", "tensorrt"], level=Params().runtime.graph_optimization_level)
@@ -264,7 +273,7 @@ def test_qoperator_and_percentile_parse():
     ({"train": {"lr": 0.0}}, "train.lr", "(0, 10)"),
     ({"export": {"opset": 11}}, "export.opset", "18..23"),
     ({"gates": {"max_accuracy_drop_pp": -1}}, "gates.max_accuracy_drop_pp", ">= 0"),
-    ({"review": {"max_accuracy_drop_pp": -0.1}}, "review.max_accuracy_drop_pp", ">= 0 (percentage points)"),
+    ({"review": {"max_drop_pts": -0.1}}, "review.max_drop_pts", ">= 0 (points of the task's score)"),
     ({"review": {"max_speedup_regression": 15}}, "review.max_speedup_regression", "[0, 1), e.g. 0.35"),
     ({"evaluate": {"batch_consistency_atol": {"static": 0}}},
      "evaluate.batch_consistency_atol.static", "> 0"),

@@ -121,7 +121,7 @@ def test_first_repro_runs_every_stage_and_writes_the_contract(project):
         if variant != "fp32":
             assert best["throughput"]["speedup"] > 0 and "baseline" in best["throughput"]
     report_md = (repo / "metrics/report.md").read_text()
-    assert "## Engines: the same files on each runtime" in report_md
+    assert "## Runtimes: the same files on each of them" in report_md
     assert "- **static**: at bs1 " in report_md and " at bs8 " in report_md
     latency = json.loads((repo / "metrics/plots/latency.json").read_text())
     assert [row["batch_size"] for row in latency] == [1, 8]

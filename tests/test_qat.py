@@ -14,7 +14,7 @@ from torch import nn
 
 from helpers import OPSET, info_for, optimized_ops, structured_images, trained_on
 from quantpipe import data, models, onnxutil
-from quantpipe.engines import qat
+from quantpipe.engines import qat, qat_parity
 from quantpipe.errors import UserError
 
 SHAPE = (1, 12, 12)
@@ -167,7 +167,7 @@ def test_export_equals_the_fake_quant_model_and_runs_on_int8_kernels(digits, tmp
     expected = logits(qmodel, x)
     model = qat.export_qdq(qmodel, SHAPE, OPSET, "test")
     onnx.checker.check_model(model)
-    step = qat.output_step(model)
+    step = qat_parity.output_step(model)
     for level in (NONE, ALL):  # the QDQ graph as written, and as ORT fuses it
         got = onnxutil.run_batched(onnxutil.make_session(model.SerializeToString(), level=level), x)
         assert (got.argmax(1) == expected.argmax(1)).mean() >= 0.99
@@ -296,7 +296,7 @@ def test_an_average_is_requantized_on_a_range_of_its_own(digits, tmp_path):
         assert (qmodel.get_submodule(next(iter(pool.users)).target)
                 is qmodel.get_submodule(pool.args[0].target)) != faithful
         proto = qat.export_qdq(qmodel, SHAPE, OPSET, "se")
-        nodes = qat.node_parity(qmodel, proto, x)
+        nodes = qat_parity.node_parity(qmodel, proto, x)
         assert nodes["faithful"] == faithful, nodes
         if faithful:
             assert nodes["max_steps"] <= 1 and nodes["worst"]["mismatched"] < 0.001
@@ -322,7 +322,7 @@ def _quantize_linear_in_ort(x: np.ndarray, scale: float, zero_point: int) -> np.
 
 def test_the_parity_reference_rounds_activations_as_quantize_linear_does(digits):
     """Where torch's x * (1/scale) and ONNX's x / scale round apart, the reference of the
-    export's parity check (qat.onnx_rounding) gives what ONNX Runtime gives; weights keep
+    export's parity check (qat_parity.onnx_rounding) gives what ONNX Runtime gives; weights keep
     torch's rounding (the exported int8 weights are computed that way), and leaving restores
     torch's own forward."""
     from torch.ao.quantization import FakeQuantizeBase
@@ -344,7 +344,7 @@ def test_the_parity_reference_rounds_activations_as_quantize_linear_does(digits)
     expected = _quantize_linear_in_ort(apart, scale, zero_point)
     with torch.no_grad():
         torchs = fq(values).numpy()
-        with qat.onnx_rounding(qmodel):
+        with qat_parity.onnx_rounding(qmodel):
             ours = fq(values).numpy()
             weight = qmodel.get_submodule("conv1").weight_fake_quant
             assert "forward" not in vars(weight)

@@ -75,7 +75,7 @@ def _threshold_check(val_accuracy, max_drop_pp: float, fp32_accuracy: float = 1.
     def check(path: Path) -> criterion.Judged:
         accuracy = val_accuracy(path)
         drop = round((fp32_accuracy - accuracy) * 100, 4)
-        return criterion.Judged({"val_accuracy": accuracy, "accuracy_drop_pp": drop,
+        return criterion.Judged({"val_score": accuracy, "drop_pts": drop,
                                  "real_drop": drop > max_drop_pp, "verdict": f"drop {drop} pp"},
                                 np.array([accuracy]))
     return check
@@ -89,7 +89,7 @@ def _static_result(fp32_path, tmp_path, calib, info, val_accuracy=None,
     p = QuantizeStaticParams(**overrides)
     result = ort_static.quantize_static_with_fallback(
         fp32_path, out, calib.x, info, p,
-        _threshold_check(val_accuracy or _val_accuracy(calib, info), p.max_accuracy_drop_pp))
+        _threshold_check(val_accuracy or _val_accuracy(calib, info), p.max_drop_pts))
     assert result.symbolic_shape_inference is True
     return onnxutil.load_model(out), result  # load_model also runs onnx.checker
 
@@ -329,16 +329,16 @@ def test_ladder_climbs_its_rungs_until_within_the_drop(fp32_path, fp32, tmp_path
     only if the drop stays within the limit, and here it does not."""
     model, result = _static_result(fp32_path, tmp_path, calib, info,
                                    val_accuracy=_one_point_per_int8_node,
-                                   max_accuracy_drop_pp=0.5, max_fallback_steps=3)
+                                   max_drop_pts=0.5, max_fallback_steps=3)
     compute = [n.name for n in fp32.graph.node if n.op_type in ("Conv", "Gemm")]
     ends = [compute[0], compute[-1]]
-    assert [(s["rung"], s["accuracy_drop_pp"], s["kept"]) for s in result.steps] == [
+    assert [(s["rung"], s["drop_pts"], s["kept"]) for s in result.steps] == [
         ("plain", 3.0, True), ("calibration", 3.0, False), ("calibration", 3.0, False),
         ("first_last", 1.0, True), ("node", 0.0, True), ("prune", 2.0, False)]
     assert {s["calibrate_method"] for s in result.steps[1:3]} == {"Entropy", "Percentile"}
     assert result.steps[3]["nodes_in_float"] == ends
     assert result.steps[4]["candidate"] == [compute[1]]
-    assert result.accuracy_drop_pp == 0.0 and result.final is result.steps[4]
+    assert result.drop_pts == 0.0 and result.final is result.steps[4]
     assert set(result.fallback_nodes) == set(compute) == set(result.nodes_in_float)
     assert _quantized_compute_nodes(model) == []  # the written model is the kept one
     assert result.calib_samples_used == len(calib)  # MinMax uses every sample
@@ -355,7 +355,7 @@ def test_ladder_keeps_only_what_regains(fp32_path, fp32, tmp_path,
         return 0.99 if compute[1] in _quantized_compute_nodes(onnx.load(str(path))) else 1.0
 
     model, result = _static_result(fp32_path, tmp_path, calib, info, val_accuracy=middle_matters,
-                                   max_accuracy_drop_pp=0.5, max_fallback_steps=3)
+                                   max_drop_pts=0.5, max_fallback_steps=3)
     assert [(s["rung"], s["kept"]) for s in result.steps if s["rung"] != "node"] == [
         ("plain", True), ("calibration", False), ("calibration", False), ("first_last", False)]
     assert [s["rung"] for s in result.steps if s["kept"]] == ["plain", "node"]
@@ -374,18 +374,18 @@ def test_ladder_undoes_the_first_and_last_layers_when_they_no_longer_help(fp32_p
         return 1.0 - (0.01 + 0.002 * (compute[0] in int8) if compute[1] in int8 else 0.0)
 
     model, result = _static_result(fp32_path, tmp_path, calib, info, val_accuracy=accuracy,
-                                   max_accuracy_drop_pp=0.5, max_fallback_steps=3)
-    kept = [(s["rung"], s["accuracy_drop_pp"]) for s in result.steps if s["kept"]]
+                                   max_drop_pts=0.5, max_fallback_steps=3)
+    kept = [(s["rung"], s["drop_pts"]) for s in result.steps if s["kept"]]
     assert kept == [("plain", 1.2), ("first_last", 1.0), ("node", 0.0), ("prune", 0.0)]
     assert result.nodes_in_float == [compute[1]] == result.fallback_nodes
-    assert f"MinMax with {[compute[1]]} in float: drop 0.00 pp" in result.tried()
+    assert f"MinMax with {[compute[1]]} in float: drop 0.00 points" in result.tried()
 
 
 def test_ladder_stops_when_no_candidate_changes_a_prediction(fp32_path, tmp_path, calib, info):
     """A drop no fallback can touch: after the calibration and first/last rungs, one node step
     tries its candidates, sees no prediction move and stops; the plain model is kept."""
     model, result = _static_result(fp32_path, tmp_path, calib, info,
-                                   val_accuracy=lambda path: 0.9, max_accuracy_drop_pp=0.5,
+                                   val_accuracy=lambda path: 0.9, max_drop_pts=0.5,
                                    max_fallback_steps=3)
     rungs = [s["rung"] for s in result.steps]
     assert rungs[:4] == ["plain", "calibration", "calibration", "first_last"]
@@ -401,15 +401,15 @@ def test_ladder_stops_when_no_candidate_changes_a_prediction(fp32_path, tmp_path
 def test_no_fallback_when_max_steps_is_zero(fp32_path, tmp_path, calib, info):
     model, result = _static_result(fp32_path, tmp_path, calib, info,
                                    val_accuracy=_one_point_per_int8_node,
-                                   max_accuracy_drop_pp=0.5, max_fallback_steps=0)
-    assert len(result.steps) == 1 and result.accuracy_drop_pp == 3.0
+                                   max_drop_pts=0.5, max_fallback_steps=0)
+    assert len(result.steps) == 1 and result.drop_pts == 3.0
     assert result.tried() == "nothing (max_fallback_steps = 0)"
 
 
 def test_no_fallback_when_within_the_drop(fp32_path, tmp_path, calib, info):
     model, result = _static_result(fp32_path, tmp_path, calib, info,
                                    val_accuracy=_one_point_per_int8_node,
-                                   max_accuracy_drop_pp=3.0, max_fallback_steps=3)
+                                   max_drop_pts=3.0, max_fallback_steps=3)
     assert result.fallback_nodes == [] and len(result.steps) == 1
     assert len(_quantized_compute_nodes(model)) == 3
 

@@ -65,7 +65,7 @@ def judge(hard_path, sets):
 
     def check(path: Path) -> criterion.Judged:
         return criterion.assess(_predict(path, val_x), _predict(path, pool_x), ref_val, ref_pool,
-                                val.y, max_drop_pp=p.max_accuracy_drop_pp,
+                                val.y, max_drop_pp=p.max_drop_pts,
                                 significance=p.significance, min_pool_agreement=p.min_pool_agreement,
                                 agreement_floor=p.agreement_floor)
     check.pool = (pool_x, ref_pool)
@@ -96,13 +96,13 @@ def test_plain_ptq_fails_the_criterion_and_the_ladder_recovers(hard_path, sets, 
     out = tmp_path / "static.onnx"
     plain = ort_static.quantize_static_with_fallback(hard_path, out, train.x[:64], info,
                                                 QuantizeStaticParams(max_fallback_steps=0), judge)
-    assert plain.final["real_drop"] and plain.accuracy_drop_pp > 10
+    assert plain.final["real_drop"] and plain.drop_pts > 10
 
     result = ort_static.quantize_static_with_fallback(hard_path, out, train.x[:64], info,
                                                  QuantizeStaticParams(), judge)
     assert not result.final["real_drop"], result.tried()
-    assert result.accuracy_drop_pp <= 0.5 and result.final["pool"]["agreement"] >= 0.995
-    assert result.steps[0]["accuracy_drop_pp"] == plain.accuracy_drop_pp
+    assert result.drop_pts <= 0.5 and result.final["pool"]["agreement"] >= 0.995
+    assert result.steps[0]["drop_pts"] == plain.drop_pts
     assert 1 <= len(result.nodes_in_float) < 3  # not simply everything in float
     # What was written is what the last kept step judged.
     assert judge(out).record["pool"] == result.final["pool"]
@@ -143,7 +143,7 @@ def test_nncf_options_reach_nncf(fp32_path, sets, tmp_path):
     train, _, _, info = sets
     fp32 = onnx.load(str(fp32_path))
     conv = [n.name for n in fp32.graph.node if n.op_type == "Conv"][1]
-    never = lambda path: criterion.Judged({"accuracy_drop_pp": 0.0, "real_drop": False,  # noqa: E731
+    never = lambda path: criterion.Judged({"drop_pts": 0.0, "real_drop": False,  # noqa: E731
                                            "verdict": "ok", "pool": {}}, np.zeros(1))
     for bias in ("none", "fast", "full"):
         p = QuantizeStaticParams(nodes_to_exclude=(conv,),

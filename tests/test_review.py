@@ -89,7 +89,7 @@ def test_an_unchanged_run_passes_every_check(tmp_path):
 
 def test_a_commit_that_lowers_accuracy_past_the_tolerance_fails_naming_metric_and_values(tmp_path):
     repo = metrics_repo(tmp_path)
-    tolerance = ReviewParams().max_accuracy_drop_pp
+    tolerance = ReviewParams().max_drop_pts
     was = SUMMARY["static"]["accuracy"]
     write_metrics(repo, changed(**{"static.accuracy": was - (tolerance + 0.1) / 100}))
     commit(repo, "a worse calibration")
@@ -99,13 +99,13 @@ def test_a_commit_that_lowers_accuracy_past_the_tolerance_fails_naming_metric_an
     breach, = [line for line in done.stdout.splitlines() if line.startswith("- static")]
     assert breach.startswith(f"- static.accuracy: {was:.4f} at HEAD~1 (")
     assert f"-> {was - (tolerance + 0.1) / 100:.4f} in the workspace" in breach
-    assert f"-{tolerance + 0.1:.2f} pp > review.max_accuracy_drop_pp = {tolerance}" in breach
+    assert f"-{tolerance + 0.1:.2f} pp > review.max_drop_pts = {tolerance}" in breach
 
     # Within the tolerance it passes; a looser tolerance in params.yaml lets the same loss pass.
     write_metrics(repo, changed(**{"static.accuracy": was - (tolerance - 0.1) / 100}))
     assert run_gate(repo, "HEAD~1").returncode == 0
     write_metrics(repo, changed(**{"static.accuracy": was - (tolerance + 0.1) / 100}))
-    set_params(repo, {"review": {"max_accuracy_drop_pp": tolerance + 0.2}})
+    set_params(repo, {"review": {"max_drop_pts": tolerance + 0.2}})
     assert run_gate(repo, "HEAD~1").returncode == 0
 
 

@@ -1,5 +1,5 @@
 """quantpipe.runtimes: OpenVINO on the same ONNX files as ONNX Runtime, parity per hop, and the
-fastest trusted engine (bench `best`). Real engines on tiny models; the one deliberate fake is a
+fastest trusted runtime (bench `best`). Real runtimes on tiny models; the one deliberate fake is a
 corrupted OpenVINO output, wrapped around the real one."""
 
 from __future__ import annotations
@@ -43,13 +43,13 @@ def models(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def engines():
+def runtimes():
     return registry.select(registry.RUNTIMES.names(), level=LEVEL)
 
 
-def test_openvino_computes_what_onnx_runtime_computes(models, engines):
+def test_openvino_computes_what_onnx_runtime_computes(models, runtimes):
     paths, x, y = models
-    ort, ov = engines["onnxruntime"], engines["openvino"]
+    ort, ov = runtimes["onnxruntime"], runtimes["openvino"]
     fp32 = base.parity(ort.runner(paths["fp32"], 1), ov.runner(paths["fp32"], 1), x, y,
                          batch_size=8, min_agreement=0.995)
     # FP32 pinned to f32 inference: only summation order differs (logits here are tens).
@@ -66,9 +66,9 @@ def test_openvino_computes_what_onnx_runtime_computes(models, engines):
         "its predictions agree with ONNX Runtime's on")
 
 
-def test_openvino_streams_run_concurrently_and_agree(models, engines):
+def test_openvino_streams_run_concurrently_and_agree(models, runtimes):
     paths, x, _ = models
-    ov = engines["openvino"]
+    ov = runtimes["openvino"]
     batch = bench.batch_of(x, 8)
     expected = ov.runner(paths["static"], 1)(batch)
     pool = ov.pool(paths["static"], streams=2, threads=1)
@@ -91,7 +91,7 @@ def test_parity_fails_on_non_finite_outputs():
     assert result.accuracy is None and "accuracy" not in result.as_dict()
 
 
-def test_an_output_of_another_shape_is_one_line_naming_model_and_engine():
+def test_an_output_of_another_shape_is_one_line_naming_model_and_runtime():
     from quantpipe.errors import UserError
 
     x = np.zeros((4, 1, 2, 2), np.float32)
@@ -106,54 +106,54 @@ def test_an_output_of_another_shape_is_one_line_naming_model_and_engine():
 
 
 class Corrupted:
-    """The real OpenVINO engine whose outputs for one model are deliberately wrong (the logits
+    """The real OpenVINO runtime whose outputs for one model are deliberately wrong (the logits
     reversed: a different top-1 class on almost every sample)."""
 
-    def __init__(self, engine, corrupt_path) -> None:
-        self.engine, self.corrupt_path, self.name, self.title = engine, corrupt_path, engine.name, engine.title
+    def __init__(self, runtime, corrupt_path) -> None:
+        self.runtime, self.corrupt_path, self.name, self.title = runtime, corrupt_path, runtime.name, runtime.title
 
     def version(self):
-        return self.engine.version()
+        return self.runtime.version()
 
     def settings(self, path, cores):
-        return self.engine.settings(path, cores)
+        return self.runtime.settings(path, cores)
 
     def kernels(self, path, batch, threads, cpu_flags):
-        return self.engine.kernels(path, batch, threads, cpu_flags)
+        return self.runtime.kernels(path, batch, threads, cpu_flags)
 
     def _wrap(self, path, run):
         return (lambda b: run(b)[:, ::-1]) if path == self.corrupt_path else run
 
     def runner(self, path, threads):
-        return self._wrap(path, self.engine.runner(path, threads))
+        return self._wrap(path, self.runtime.runner(path, threads))
 
     def pool(self, path, streams, threads):
-        return [self._wrap(path, run) for run in self.engine.pool(path, streams, threads)]
+        return [self._wrap(path, run) for run in self.runtime.pool(path, streams, threads)]
 
 
-def _time(engines, paths, variant, x, y, bf16_engines=None):
-    """time_engines as the bench stage calls it; with bf16_engines, the FP32 file in BF16 is
+def _time(runtimes, paths, variant, x, y, bf16_runtimes=None):
+    """time_runtimes as the bench stage calls it; with bf16_runtimes, the FP32 file in BF16 is
     timed too (the bf16 row itself for variant "bf16", else the baseline INT8 is weighed against)."""
     models = {variant: paths["fp32" if variant == "bf16" else variant], "fp32": paths["fp32"]}
-    if bf16_engines and variant not in ("fp32", "bf16"):
+    if bf16_runtimes and variant not in ("fp32", "bf16"):
         models["bf16"] = paths["fp32"]
-    by_model = {m: bf16_engines if m == "bf16" else engines for m in models}
-    checks = {m: base.check(by_model[m], engines[registry.REFERENCE], p, x, y, threads=2,
+    by_model = {m: bf16_runtimes if m == "bf16" else runtimes for m in models}
+    checks = {m: base.check(by_model[m], runtimes[registry.REFERENCE], p, x, y, threads=2,
                             batch_size=8, min_agreement=0.995)
               for m, p in models.items()}
-    return checks, timing.time_engines(by_model, registry.REFERENCE, models, checks, variant, x,
+    return checks, timing.time_runtimes(by_model, registry.REFERENCE, models, checks, variant, x,
                                        (2, 1), 2, TINY)
 
 
-def _engines_used(best: dict) -> set[str]:
+def _runtimes_used(best: dict) -> set[str]:
     used = {row["runtime"] for row in best["latency"].values()}
     return used | {best["throughput"]["runtime"]}
 
 
-def test_corrupted_openvino_output_is_reported_and_left_out_of_best(models, engines):
+def test_corrupted_openvino_output_is_reported_and_left_out_of_best(models, runtimes):
     paths, x, y = models
-    corrupted = {"onnxruntime": engines["onnxruntime"],
-                 "openvino": Corrupted(engines["openvino"], paths["static"])}
+    corrupted = {"onnxruntime": runtimes["onnxruntime"],
+                 "openvino": Corrupted(runtimes["openvino"], paths["static"])}
     checks, result = _time(corrupted, paths, "static", x, y)
     ov = result["runtimes"]["openvino"]
     assert ov["parity"]["passed"] is False and ov["parity"]["agreement"] < 0.5
@@ -164,7 +164,7 @@ def test_corrupted_openvino_output_is_reported_and_left_out_of_best(models, engi
     assert set(ov["latency"]) == {"threads2", "threads1"} and ov["throughput"]["best"]["ips"] > 0
     # ... but never the best static configuration; the FP32 model on OpenVINO is fine and stays
     # a candidate for the best FP32 one.
-    assert _engines_used(result["best"]) == {"onnxruntime"}
+    assert _runtimes_used(result["best"]) == {"onnxruntime"}
     assert ov["baseline"]["parity"]["passed"] and "failed" not in ov["baseline"]
     fp32_best = {row["baseline"]["runtime"] for row in result["best"]["latency"].values()}
     assert fp32_best <= {"onnxruntime", "openvino"}
@@ -176,11 +176,11 @@ def test_corrupted_openvino_output_is_reported_and_left_out_of_best(models, engi
     assert any(line.startswith("openvino is left out of best:") for line in lines)
 
 
-def test_a_model_openvino_cannot_read_is_a_message_and_the_rest_is_timed(models, engines):
+def test_a_model_openvino_cannot_read_is_a_message_and_the_rest_is_timed(models, runtimes):
     """ORT's QOperator format writes com.microsoft QGemm, which OpenVINO's ONNX frontend cannot
     convert: a real model it rejects."""
     paths, x, y = models
-    checks, result = _time(engines, paths, "qoperator", x, y)
+    checks, result = _time(runtimes, paths, "qoperator", x, y)
     check = checks["qoperator"]["openvino"]
     assert not check.runs and check.parity is None
     assert check.failed.startswith(f"{paths['qoperator']}: OpenVINO cannot read or compile it (")
@@ -190,7 +190,7 @@ def test_a_model_openvino_cannot_read_is_a_message_and_the_rest_is_timed(models,
     assert ov["failed"] == check.failed and "latency" not in ov and "settings" not in ov
     # FP32 on OpenVINO is parity-checked and timed all the same.
     assert ov["baseline"]["parity"]["passed"] and set(ov["baseline"]["latency"]) == {"threads2", "threads1"}
-    assert _engines_used(result["best"]) == {"onnxruntime"}
+    assert _runtimes_used(result["best"]) == {"onnxruntime"}
     assert set(result["best"]["latency"]) == {"bs1", "bs8"}
     for row in result["best"]["latency"].values():
         assert row["speedup"] == pytest.approx(row["baseline"]["p50_ms"] / row["p50_ms"], abs=1e-3)
@@ -201,7 +201,7 @@ def _lat(p50):
                    throughput=1.0, runs=1)
 
 
-def test_best_configuration_picks_the_fastest_trusted_engine_and_setting():
+def test_best_configuration_picks_the_fastest_trusted_runtime_and_setting():
     grid = {"threads2": {"bs1": {("int8", "a"): _lat(0.05), ("int8", "b"): _lat(0.03),
                                  ("fp32", "a"): _lat(0.10), ("fp32", "b"): _lat(0.12)},
                          "bs64": {("int8", "a"): _lat(2.0), ("int8", "b"): _lat(1.0),
@@ -220,7 +220,7 @@ def test_best_configuration_picks_the_fastest_trusted_engine_and_setting():
     assert best["throughput"] == {"runtime": "b", "streams": 1, "threads": 2, "ips": 300.0,
                                   "speedup": 5.0, "baseline": {"runtime": "b", "streams": 2,
                                                            "threads": 1, "ips": 60.0}}
-    # Engine b untrusted for int8: a's best against FP32's best over both engines.
+    # Runtime b untrusted for int8: a's best against FP32's best over both runtimes.
     only_a = bench.best_configuration(grid, ips, "int8", ["a"], "fp32", ["a", "b"])
     assert only_a["latency"]["bs64"] == {"runtime": "a", "threads": 2, "p50_ms": 2.0, "p90_ms": 2.0, "p99_ms": 2.0, "speedup": 1.5,
                                          "baseline": {"runtime": "a", "threads": 2, "p50_ms": 3.0, "p90_ms": 3.0, "p99_ms": 3.0}}
@@ -236,7 +236,7 @@ def test_best_configuration_picks_the_fastest_trusted_engine_and_setting():
 NATIVE_BF16 = machine.bf16_missing(machine.probe()) is None
 
 
-def test_only_engines_with_a_bf16_mode_run_the_bf16_row():
+def test_only_runtimes_with_a_bf16_mode_run_the_bf16_row():
     bf16 = registry.select(registry.RUNTIMES.names(), level=LEVEL, precision="bf16")
     assert list(bf16) == ["openvino"] and bf16["openvino"].precision == "bf16"
     assert bf16["openvino"].hint == {"INFERENCE_PRECISION_HINT": "bf16"}
@@ -265,33 +265,33 @@ def test_the_bf16_row_is_skipped_without_native_bf16_and_measured_with_it():
     assert registry.bf16_skip(epyc_zen3, wanted).startswith("this CPU has no native BF16")
     for flag in ("avx512_bf16", "amx_bf16"):
         assert registry.bf16_skip({**epyc_zen3, "cpu_flags": {**flags, flag: True}}, wanted) is None
-    # With native BF16 but no engine that computes in it, the row says so.
+    # With native BF16 but no runtime that computes in it, the row says so.
     with_bf16 = {**epyc_zen3, "cpu_flags": {**flags, "avx512_bf16": True}}
     assert registry.bf16_skip(with_bf16, ["onnxruntime"]) == (
-        f"no engine of bench.runtimes computes in BF16 (onnxruntime: {ort_runtime.NO_BF16})")
+        f"no runtime of bench.runtimes computes in BF16 (onnxruntime: {ort_runtime.NO_BF16})")
 
 
-def test_bf16_on_openvino_agrees_with_fp32_and_is_timed_beside_int8(models, engines):
+def test_bf16_on_openvino_agrees_with_fp32_and_is_timed_beside_int8(models, runtimes):
     paths, x, y = models
     bf16 = registry.select(registry.RUNTIMES.names(), level=LEVEL, precision="bf16")
     ov = bf16["openvino"]
     settings = ov.settings(paths["fp32"], cores=2)
     # The plugin keeps f32 on a CPU without native BF16, whatever the hint: what ran is recorded.
     assert settings["inference_precision"] == ("bf16" if NATIVE_BF16 else "f32")
-    result = base.parity(engines["onnxruntime"].runner(paths["fp32"], 2), ov.runner(paths["fp32"], 2),
+    result = base.parity(runtimes["onnxruntime"].runner(paths["fp32"], 2), ov.runner(paths["fp32"], 2),
                          x, y, batch_size=8, min_agreement=0.99)
     assert result.passed and result.agreement >= 0.99
     if NATIVE_BF16:  # 8 bits of mantissa: logits differ, though not the predictions
         assert 1e-4 < result.max_abs_diff < 1.0
     # The bf16 row: its keys are OpenVINO's, against FP32 on ONNX Runtime in the same rounds.
-    checks, row = _time(engines, paths, "bf16", x, y, bf16_engines=bf16)
+    checks, row = _time(runtimes, paths, "bf16", x, y, bf16_runtimes=bf16)
     assert row["runtime"] == "openvino" and set(row["runtimes"]) == {"openvino"}
     assert "reference" not in row["runtimes"]["openvino"]
     assert row["runtimes"]["openvino"]["parity"]["passed"]
     assert row["latency"]["threads2"]["bs8"]["speedup"] > 0
     assert {r["runtime"] for r in row["best"]["latency"].values()} == {"openvino"}
     # static: its best against the best FP32 and the best BF16, in the same rounds.
-    _, static = _time(engines, paths, "static", x, y, bf16_engines=bf16)
+    _, static = _time(runtimes, paths, "static", x, y, bf16_runtimes=bf16)
     for bs, r in static["best"]["latency"].items():
         assert r["bf16"]["runtime"] == "openvino"
         assert r["speedup_vs_bf16"] == pytest.approx(r["bf16"]["p50_ms"] / r["p50_ms"], abs=1e-3)
@@ -300,11 +300,11 @@ def test_bf16_on_openvino_agrees_with_fp32_and_is_timed_beside_int8(models, engi
     assert static["runtimes"]["onnxruntime"]["reference"] is True
 
 
-def test_each_engine_names_the_kernels_it_ran(models, engines):
+def test_each_runtime_names_the_kernels_it_ran(models, runtimes):
     paths, x, _ = models
     here = machine.probe()["cpu_flags"]
     batch = bench.batch_of(x, 8)
-    ort_kernels = engines["onnxruntime"].kernels(paths["static"], batch, 1, here)
+    ort_kernels = runtimes["onnxruntime"].kernels(paths["static"], batch, 1, here)
     layers = {k["layer"]: k for k in ort_kernels}
     # quantpipe's scheme (S8 symmetric weights): MLAS's symmetric conv, a VNNI kernel at best.
     assert layers["QLinearConv"]["kernel"] == "MLAS symmetric conv"
@@ -313,16 +313,16 @@ def test_each_engine_names_the_kernels_it_ran(models, engines):
     # The same node on another CPU: the ISA follows the flags (forced both ways).
     amx = {**here, "amx_int8": True, "avx512_vnni": True}
     no_vnni = {f: f == "avx2" for f in machine.CPU_FLAGS}
-    assert {k["layer"]: k["isa"] for k in engines["onnxruntime"].kernels(paths["static"], batch, 1, amx)} == \
+    assert {k["layer"]: k["isa"] for k in runtimes["onnxruntime"].kernels(paths["static"], batch, 1, amx)} == \
         {"QLinearConv": "AVX-512 VNNI", "QGemm": "AMX-INT8"}
-    assert {k["layer"]: k["isa"] for k in engines["onnxruntime"].kernels(paths["static"], batch, 1, no_vnni)} == \
+    assert {k["layer"]: k["isa"] for k in runtimes["onnxruntime"].kernels(paths["static"], batch, 1, no_vnni)} == \
         {"QLinearConv": "AVX2", "QGemm": "AVX2"}
-    ov_kernels = engines["openvino"].kernels(paths["static"], batch, 1, here)
+    ov_kernels = runtimes["openvino"].kernels(paths["static"], batch, 1, here)
     assert {k["layer"] for k in ov_kernels} >= {"Convolution"}
     assert all(k["precision"] in ("u8", "i8") for k in ov_kernels if k["layer"] == "Convolution")
     if here.get("amx_int8"):
         assert {k["isa"] for k in ov_kernels if k["layer"] == "Convolution"} == {"AMX-INT8"}
-    fp32 = engines["openvino"].kernels(paths["fp32"], batch, 1, here)
+    fp32 = runtimes["openvino"].kernels(paths["fp32"], batch, 1, here)
     assert all(k["precision"] == "f32" for k in fp32)  # pinned: FP32 is never silently BF16
     bf16 = registry.select(["onnxruntime", "openvino"], level=LEVEL, precision="bf16")["openvino"]
     in_bf16 = bf16.kernels(paths["fp32"], batch, 1, here)

@@ -76,8 +76,9 @@ class StaticResult:
         return [s for s in self.steps if s["kept"]][-1]
 
     @property
-    def accuracy_drop_pp(self) -> float:
-        return self.final["accuracy_drop_pp"]
+    def drop_pts(self) -> float:
+        """The written model's drop in the task's validation score, in points."""
+        return self.final["drop_pts"]
 
     def tried(self) -> str:
         """What the fallback tried, for the failure message."""
@@ -90,5 +91,5 @@ class StaticResult:
                     "prune": f"{s['calibrate_method']} with {s['nodes_in_float']} in float",
                     "accuracy_control": "nncf.quantize_with_accuracy_control "
                                         f"({len(s['nodes_in_float'])} nodes in float)"}[s["rung"]]
-            parts.append(f"{what}: drop {s['accuracy_drop_pp']:.2f} pp")
+            parts.append(f"{what}: drop {s['drop_pts']:.2f} points")
         return "; ".join(parts) or "nothing (max_fallback_steps = 0)"

@@ -29,7 +29,7 @@ def render_markdown(summary: dict, notes: list[str], profiles: dict[str, dict] |
             *_threads_table(rows, threads, sizes)]
     onnx_rows = {v: s for v, s in rows.items() if "throughput_ips" in s}  # not torch
     text += ["", *_throughput_section(onnx_rows, machine)]
-    text += ["", *_engines_section(onnx_rows, sizes, threads[0], summary["runtimes"])]
+    text += ["", *_runtimes_section(onnx_rows, sizes, threads[0], summary["runtimes"])]
     text += ["", *_memory_section({v: r for v, r in onnx_rows.items() if "load_ms" in r}, sizes,
                                   threads[0])]
     text += ["", *_kernels_section(rows, summary["runtimes"])]
@@ -44,7 +44,7 @@ def render_markdown(summary: dict, notes: list[str], profiles: dict[str, dict] |
 
 def precision_line(summary: dict, sizes: list[str]) -> str:
     """report.md's first line: on this machine, does INT8 pay over BF16 (the FP32 file computed
-    in BF16, no calibration), and by how much; each side at its best engine and setting."""
+    in BF16, no calibration), and by how much; each side at its best runtime and setting."""
     flags = summary["machine"].get("cpu_flags", {})
     isa = ", ".join(f for f in ("amx_int8", "amx_bf16", "avx512_bf16", "avx512_vnni", "avx_vnni")
                     if flags.get(f)) or "no VNNI, AMX or BF16"
@@ -58,7 +58,7 @@ def precision_line(summary: dict, sizes: list[str]) -> str:
     base = (f"BF16 (the FP32 file on {summary['runtimes'][bf16['runtime']]}, no calibration) "
             f"runs x{bf16['best']['latency'][largest]['speedup']:.2f} the best FP32 at {largest} "
             f"and loses {bf16[drop_key]:.2f} {unit}")
-    if bf16.get("inference_precision", "bf16") != "bf16":  # the flags said BF16, the engine did not
+    if bf16.get("inference_precision", "bf16") != "bf16":  # the flags said BF16, the runtime did not
         base += f" (but {summary['runtimes'][bf16['runtime']]} ran it in {bf16['inference_precision']})"
     int8 = [v for v in QUANTIZED if "speedup_vs_bf16" in summary.get(v, {})
             and "failed" not in summary[v]]
@@ -73,11 +73,11 @@ def precision_line(summary: dict, sizes: list[str]) -> str:
                      + (f", x{summary[v]['speedup_vs_bf16'][smallest]:.2f} at {smallest}"
                         if smallest != largest else "") for v in int8)
     return (f"**INT8 against BF16 on this machine** ({isa}): {verdict} at {largest} ({each}). "
-            f"{base}. Each side at its best engine and setting, timed in the same rounds.")
+            f"{base}. Each side at its best runtime and setting, timed in the same rounds.")
 
 
 def kernel_isas(kernels: dict[str, dict]) -> dict[str, list[str]]:
-    """{"convolutions": [ISA, ...], "matrix multiplies": [...]} of one engine's kernels (as
+    """{"convolutions": [ISA, ...], "matrix multiplies": [...]} of one runtime's kernels (as
     bench records them: base.kernel_table)."""
     out: dict[str, list[str]] = {}
     for k in kernels.values():
@@ -88,7 +88,7 @@ def kernel_isas(kernels: dict[str, dict]) -> dict[str, list[str]]:
 
 
 def _kernel_lines(summary: dict) -> list[str]:
-    """What ran the shipped kinds of model: per engine, the instruction sets of static INT8's
+    """What ran the shipped kinds of model: per runtime, the instruction sets of static INT8's
     (else the first INT8 variant's) and bf16's convolutions and matrix multiplies."""
     titles = summary["runtimes"]
     parts = []
@@ -110,7 +110,7 @@ def _kernels_section(rows: dict[str, dict], titles: dict[str, str]) -> list[str]
     if not body:
         return []
     return ["## Kernels (largest batch, latency configuration)", "",
-            *markdown_table(["variant", "engine", "layer", "kernel", "precision", "ISA", "count"], body), "",
+            *markdown_table(["variant", "runtime", "layer", "kernel", "precision", "ISA", "count"], body), "",
             "OpenVINO names the kernel each layer ran (its executed graph); ONNX Runtime's profile "
             "names op kernels, and the MLAS routine and instruction set follow from the node and "
             "this CPU's flags (docs/precision.md)."]
@@ -246,26 +246,26 @@ def _throughput_section(rows: dict[str, dict], machine: dict) -> list[str]:
             "metrics/bench/<variant>.json, `throughput`)."]
 
 
-def _engines_section(rows: dict[str, dict], sizes: list[str], threads: int,
-                     titles: dict[str, str]) -> list[str]:
-    """The same files on every engine (bench.runtimes; titles: name -> title, the reference
-    first), then a line per variant naming the fastest engine and setting at batch 1 (the
-    smallest batch) and the largest batch, and a line per engine left out of "best"."""
+def _runtimes_section(rows: dict[str, dict], sizes: list[str], threads: int,
+                      titles: dict[str, str]) -> list[str]:
+    """The same files on every runtime (bench.runtimes; titles: name -> title, the reference
+    first), then a line per variant naming the fastest runtime and setting at batch 1 (the
+    smallest batch) and the largest batch, and a line per runtime left out of "best"."""
     largest = sizes[-1]
     reference = next(iter(titles))
     ref_title = titles[reference]
-    head = (["variant", "engine", f"agreement with {ref_title}", "max logit diff"]
+    head = (["variant", "runtime", f"agreement with {ref_title}", "max logit diff"]
             + [f"p50 / p99 {k} (ms)" for k in sizes] + [f"vs FP32 on {ref_title}, {largest}",
                                                          "throughput (images/s)", "trusted"])
     body, fastest, left_out = [], [], []
     for variant, s in rows.items():
-        # A row's top-level keys are the reference's, except bf16's (its engine's, already
+        # A row's top-level keys are the reference's, except bf16's (its runtime's, already
         # under runtimes).
-        engines = {**({} if "runtime" in s else {
+        runtimes = {**({} if "runtime" in s else {
             reference: {"latency_p50_ms": s["latency_p50_ms"], "latency_p99_ms": s["latency_p99_ms"],
                         "speedup": s.get("speedup", {largest: 1.0}),
                         "throughput_ips": s["throughput_ips"]}}), **s["runtimes"]}
-        for name, e in engines.items():
+        for name, e in runtimes.items():
             parity = e.get("parity", {})
             trusted = "no" if "failed" in e else ("reference" if name == reference else "yes")
             body.append([variant, titles[name], _fmt(parity.get("agreement"), ".2%"),
@@ -277,12 +277,12 @@ def _engines_section(rows: dict[str, dict], sizes: list[str], threads: int,
             if "failed" in e:
                 left_out.append(f"{titles[name]} is left out of {variant}'s best: {e['failed']}.")
         fastest.append(_fastest_line(variant, s["best"], sizes, titles))
-    return [f"## Engines: the same files on each runtime ({threads} thread(s))", "",
+    return [f"## Runtimes: the same files on each of them ({threads} thread(s))", "",
             *markdown_table(head, body), "",
-            f"Another engine is trusted when its predictions (top-1 class; a detector's matched "
+            f"Another runtime is trusted when its predictions (top-1 class; a detector's matched "
             f"detections) agree with {ref_title}'s on the test split (bench.min_runtime_agreement); "
             f"speedups are against FP32 on {ref_title} in the same interleaved rounds. Fastest "
-            "trusted engine and setting, against the fastest FP32 one (every thread count and stream configuration benched):", "",
+            "trusted runtime and setting, against the fastest FP32 one (every thread count and stream configuration benched):", "",
             *[f"- {line}" for line in fastest + left_out]]
 
 
@@ -314,10 +314,10 @@ def _fastest_line(variant: str, best: dict, sizes: list[str], titles: dict[str, 
 
 def describe_setting(best: dict, titles: dict[str, str]) -> str:
     """'OpenVINO, 2 threads' or 'OpenVINO, 1 stream x 2 threads'."""
-    engine = titles[best["runtime"]]
+    runtime = titles[best["runtime"]]
     if "streams" in best:
-        return f"{engine}, {describe_config(best)}"
-    return f"{engine}, {best['threads']} thread{'s' * (best['threads'] != 1)}"
+        return f"{runtime}, {describe_config(best)}"
+    return f"{runtime}, {best['threads']} thread{'s' * (best['threads'] != 1)}"
 
 
 def _memory_section(rows: dict[str, dict], sizes: list[str], threads: int) -> list[str]:

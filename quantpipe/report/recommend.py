@@ -13,7 +13,7 @@ def recommend(summary: dict, gates: GatesParams) -> dict[str, dict]:
     the candidates (the INT8 variants and bf16) that did not fail their stage's check
     (`failed`), keep within gates.max_accuracy_drop_pp and are no slower than
     FP32 in any measurement at that batch size — every thread count (on ONNX Runtime; bf16's on
-    its engine) and the best configurations against each other. FP32 when none is; `why` says
+    its runtime) and the best configurations against each other. FP32 when none is; `why` says
     what decided it."""
     fp32 = summary["fp32"]
     _, drop_key, unit, gate = score_keys(summary)
@@ -48,7 +48,7 @@ def recommend(summary: dict, gates: GatesParams) -> dict[str, dict]:
 
 def serve(summary: dict, benches: dict[str, dict]) -> dict:
     """The recommended configurations as the code that runs them (quantpipe.serving, from the
-    settings each engine recorded in metrics/bench/<variant>.json): `options` and `snippet` on
+    settings each runtime recorded in metrics/bench/<variant>.json): `options` and `snippet` on
     each summary["recommended"] row (one session of its threads), and the server: the variant
     recommended at the largest batch at its best streams x threads, with its throughput."""
     def written(variant: str, runtime: str, streams: int, threads: int) -> dict:

@@ -1,5 +1,5 @@
 """metrics/summary.json: every variant's score, size, latency (p50/p90/p99 by thread count),
-throughput, memory and best engine, from the evaluate and bench JSON; the rows' names; the
+throughput, memory and best runtime, from the evaluate and bench JSON; the rows' names; the
 threads curve's plot data."""
 
 from __future__ import annotations
@@ -50,10 +50,10 @@ def build_summary(evals: dict[str, dict], benches: dict[str, dict],
         best = b["throughput"]["best"]
         entry.update({"throughput_ips": best["ips"],
                       "throughput_config": {"streams": best["streams"], "threads": best["threads"]}})
-        if "memory" in b:  # ONNX Runtime's process (the bf16 row runs on another engine)
+        if "memory" in b:  # ONNX Runtime's process (the bf16 row runs on another runtime)
             entry.update({"peak_rss_mb": b["memory"]["peak_rss_mb"], "load_ms": b["memory"]["load_ms"]})
         if b.get("runtime", reference) != reference:
-            # The bf16 row: its latency keys are this engine's, in this precision.
+            # The bf16 row: its latency keys are this runtime's, in this precision.
             entry.update({"runtime": b["runtime"], "inference_precision": ev["inference_precision"]})
             if "failed" in b["runtimes"][b["runtime"]]:  # it disagrees with FP32 beyond parity
                 entry["failed"] = b["runtimes"][b["runtime"]]["failed"]
@@ -64,7 +64,7 @@ def build_summary(evals: dict[str, dict], benches: dict[str, dict],
                 "size_ratio": round(ev["size_bytes"] / fp32["size_bytes"], 4),
                 # Each side at its own best configuration, FP32 timed in the same rounds.
                 "throughput_speedup": b["throughput"]["speedup"]})
-        # The fastest engine and setting; the other engines' figures (ONNX Runtime's are the
+        # The fastest runtime and setting; the other runtimes' figures (ONNX Runtime's are the
         # keys above).
         entry["best"] = b["best"]
         if "speedup_vs_bf16" in next(iter(b["best"]["latency"].values())):
@@ -73,7 +73,7 @@ def build_summary(evals: dict[str, dict], benches: dict[str, dict],
             if "throughput" in b["best"]:
                 entry["throughput_speedup_vs_bf16"] = b["best"]["throughput"]["speedup_vs_bf16"]
         entry["kernels"] = b.get("kernels", {})
-        entry["runtimes"] = {name: _engine_entry(e, threads) for name, e in b["runtimes"].items()
+        entry["runtimes"] = {name: _runtime_entry(e, threads) for name, e in b["runtimes"].items()
                              if not e.get("reference")}
         if variant in (failed or {}):
             entry["failed"] = failed[variant]
@@ -84,30 +84,30 @@ def build_summary(evals: dict[str, dict], benches: dict[str, dict],
                             "size_bytes": torch_bench["size_bytes"],
                             **_latency(torch_bench["latency"], threads, with_speedup=True)}
     summary["machine"] = machine
-    # The engines by name and title, the reference (the one the keys above are of) first.
-    engines = {name: e for b in benches.values() if "runtimes" in b for name, e in b["runtimes"].items()}
+    # The runtimes by name and title, the reference (the one the keys above are of) first.
+    runtimes = {name: e for b in benches.values() if "runtimes" in b for name, e in b["runtimes"].items()}
     summary["runtimes"] = {name: e["title"] for name, e in
-                           sorted(engines.items(), key=lambda item: not item[1].get("reference"))}
+                           sorted(runtimes.items(), key=lambda item: not item[1].get("reference"))}
     if skipped:
         summary["skipped"] = skipped
     return summary
 
 
-def _engine_entry(engine: dict, threads: list[int]) -> dict:
-    """A non-reference engine on one variant, for the summary: latency (and speedup against FP32
+def _runtime_entry(runtime: dict, threads: list[int]) -> dict:
+    """A non-reference runtime on one variant, for the summary: latency (and speedup against FP32
     on ONNX Runtime from the same rounds) at the headline thread count and by_threads at each,
     its best throughput, parity with ONNX Runtime and, when it is not trusted, why."""
     out: dict = {}
-    if "latency" in engine:
-        out.update(_latency(engine["latency"], threads, with_speedup=True))
-        top = engine["throughput"]["best"]
+    if "latency" in runtime:
+        out.update(_latency(runtime["latency"], threads, with_speedup=True))
+        top = runtime["throughput"]["best"]
         out.update({"throughput_ips": top["ips"],
                     "throughput_config": {"streams": top["streams"], "threads": top["threads"]},
-                    "throughput_speedup": engine["throughput"]["speedup"]})
-    if "parity" in engine:
-        out["parity"] = {k: engine["parity"][k] for k in ("agreement", "max_abs_diff", "mean_abs_diff")}
-    if "failed" in engine:
-        out["failed"] = engine["failed"]
+                    "throughput_speedup": runtime["throughput"]["speedup"]})
+    if "parity" in runtime:
+        out["parity"] = {k: runtime["parity"][k] for k in ("agreement", "max_abs_diff", "mean_abs_diff")}
+    if "failed" in runtime:
+        out["failed"] = runtime["failed"]
     return out
 
 
@@ -160,8 +160,8 @@ def _latency(rows_by_threads: dict[str, dict], threads: list[int], with_speedup:
 
 
 def threads_curve(summary: dict, bs: str) -> list[dict]:
-    """Plot data: one row per thread count benched, one column `<variant>_<engine>` per INT8
-    variant (and bf16) and engine, its speedup over FP32 on the reference engine at the same
+    """Plot data: one row per thread count benched, one column `<variant>_<runtime>` per INT8
+    variant (and bf16) and runtime, its speedup over FP32 on the reference runtime at the same
     thread count and batch size `bs` (null where it was not timed)."""
     reference = next(iter(summary["runtimes"]))
     columns: dict[str, dict] = {}

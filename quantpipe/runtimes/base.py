@@ -1,8 +1,8 @@
-"""The interface every inference engine implements, and the parity check that decides whether
-an engine's numbers are trusted.
+"""The interface every inference runtime implements, and the parity check that decides whether
+a runtime's numbers are trusted.
 
-One engine is the reference (quantpipe.runtimes.registry.REFERENCE): the pipeline's accuracy,
-the summary's latency/speedup keys and every parity check are its. Another engine is timed
+One runtime is the reference (quantpipe.runtimes.registry.REFERENCE): the pipeline's accuracy,
+the summary's latency/speedup keys and every parity check are its. Another runtime is timed
 beside it and is trusted only after its outputs on the test split agree with the reference's
 (parity()).
 """
@@ -22,16 +22,16 @@ Runner = Callable[[np.ndarray], np.ndarray]
 
 
 class RuntimeUnavailable(UserError):
-    """An engine cannot run a model (cannot read an op, cannot compile, fails a run); str() is
-    one line naming the model and saying why. check() records it for a non-reference engine and the stage goes on;
+    """A runtime cannot run a model (cannot read an op, cannot compile, fails a run); str() is
+    one line naming the model and saying why. check() records it for a non-reference runtime and the stage goes on;
     raised anywhere else (a run failing mid-benchmark) it stops the stage in that one line."""
 
 
 class Runtime(Protocol):
-    """An engine. Constructed as Engine(level) (level: ONNX Runtime's graph optimization level,
-    runtime.graph_optimization_level; an engine that optimizes its own way ignores it), or
-    Engine(level, precision="bf16") when "bf16" is in its `precisions`: the FP32 file computed
-    in BF16 (the bf16 row). An engine without `precisions` runs FP32 only; `lacks` says why
+    """A runtime. Constructed as Runtime(level) (level: ONNX Runtime's graph optimization level,
+    runtime.graph_optimization_level; a runtime that optimizes its own way ignores it), or
+    Runtime(level, precision="bf16") when "bf16" is in its `precisions`: the FP32 file computed
+    in BF16 (the bf16 row). A runtime without `precisions` runs FP32 only; `lacks` says why
     not the others ({"bf16": "..."})."""
     name: str   # its key in bench.runtimes and in the metrics
     title: str  # how reports spell it
@@ -39,13 +39,13 @@ class Runtime(Protocol):
     def version(self) -> str: ...
 
     def kernels(self, path, batch, threads: int, cpu_flags: dict) -> list[dict]:
-        """The kernels the engine runs model `path`'s compute layers with on `batch` (a latency
+        """The kernels the runtime runs model `path`'s compute layers with on `batch` (a latency
         runner of `threads` threads): one {"layer", "kernel", "precision", "isa", "count"} per
         distinct kernel ("isa": the instruction set it runs on, e.g. AMX-INT8, AVX-512 VNNI).
-        Optional: the bench records none for an engine without it."""
+        Optional: the bench records none for a runtime without it."""
 
     def settings(self, path, cores: int) -> dict:
-        """The engine options the runners of model `path` are made with on `cores` cores,
+        """The runtime options the runners of model `path` are made with on `cores` cores,
         recorded beside the timings."""
 
     def runner(self, path, threads: int) -> Runner:
@@ -58,7 +58,7 @@ class Runtime(Protocol):
 
 @dataclass(frozen=True)
 class Parity:
-    """One engine's outputs against the reference engine's on the same model and samples."""
+    """One runtime's outputs against the reference runtime's on the same model and samples."""
     samples: int
     agreement: float       # share of samples whose top-1 class equals the reference's
     max_abs_diff: float    # logit units
@@ -72,7 +72,7 @@ class Parity:
         return self.finite and self.agreement >= self.min_agreement
 
     def failure(self, reference: str) -> str | None:
-        """Why this engine's numbers cannot be trusted, or None."""
+        """Why this runtime's numbers cannot be trusted, or None."""
         if not self.finite:
             return f"it returned non-finite logits where {reference} did not"
         if not self.passed:
@@ -101,9 +101,9 @@ def top1_agreement(ref: np.ndarray, out: np.ndarray) -> float:
 def parity(reference: Runner, candidate: Runner, x: np.ndarray, y: np.ndarray | None, *,
            batch_size: int, min_agreement: float, label: str = "the candidate",
            reference_title: str = "the reference", agree: Agree = top1_agreement) -> Parity:
-    """Run both engines over x (N, C, S, S) in batches of batch_size and compare their outputs:
+    """Run both runtimes over x (N, C, S, S) in batches of batch_size and compare their outputs:
     `agree` (top-1 agreement of logits by default; a detector's: matched detections).
-    label names the candidate (model and engine) in the error for outputs of another shape."""
+    label names the candidate (model and runtime) in the error for outputs of another shape."""
     ref = np.concatenate([reference(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
     out = np.concatenate([candidate(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
     if out.shape != ref.shape:
@@ -122,35 +122,35 @@ def parity(reference: Runner, candidate: Runner, x: np.ndarray, y: np.ndarray | 
 
 @dataclass(frozen=True)
 class Check:
-    """Whether one engine may be timed on one model, and trusted."""
-    parity: Parity | None  # None: the reference itself, or an engine that cannot run the model
-    failed: str | None     # why the engine is excluded from "best", or None
+    """Whether one runtime may be timed on one model, and trusted."""
+    parity: Parity | None  # None: the reference itself, or a runtime that cannot run the model
+    failed: str | None     # why the runtime is excluded from "best", or None
     runs: bool             # False: it cannot run the model at all, so it is not timed
 
 
-def check(engines: dict[str, Runtime], reference: Runtime, path, x: np.ndarray,
+def check(runtimes: dict[str, Runtime], reference: Runtime, path, x: np.ndarray,
           y: np.ndarray | None, *, threads: int, batch_size: int,
           min_agreement: float, agree: Agree = top1_agreement) -> dict[str, Check]:
-    """Every engine on model `path`, each against the reference engine on the same file (FP32
-    ONNX Runtime for the bf16 row: `engines` are then the BF16 ones) on x (N, C, S, S): one line
-    naming the model and the reason for an engine that cannot run it or disagrees."""
+    """Every runtime on model `path`, each against the reference runtime on the same file (FP32
+    ONNX Runtime for the bf16 row: `runtimes` are then the BF16 ones) on x (N, C, S, S): one line
+    naming the model and the reason for a runtime that cannot run it or disagrees."""
     ref_title = reference.title
     ref_runner = reference.runner(path, threads)  # its errors stop the stage
     checks = {}
-    for name, engine in engines.items():
-        if engine is reference:
+    for name, runtime in runtimes.items():
+        if runtime is reference:
             checks[name] = Check(parity=None, failed=None, runs=True)
             continue
         try:
-            result = parity(ref_runner, engine.runner(path, threads), x, y,
+            result = parity(ref_runner, runtime.runner(path, threads), x, y,
                             batch_size=batch_size, min_agreement=min_agreement,
-                            label=f"{path} on {engine.title}", reference_title=ref_title,
+                            label=f"{path} on {runtime.title}", reference_title=ref_title,
                             agree=agree)
         except RuntimeUnavailable as e:
             checks[name] = Check(parity=None, failed=str(e), runs=False)
             continue
         why = result.failure(ref_title)
-        checks[name] = Check(parity=result, failed=why and f"{path} on {engine.title}: {why}", runs=True)
+        checks[name] = Check(parity=result, failed=why and f"{path} on {runtime.title}: {why}", runs=True)
     return checks
 
 

@@ -1,4 +1,4 @@
-"""ONNX Runtime, the reference engine: CPU sessions at runtime.graph_optimization_level."""
+"""ONNX Runtime, the reference runtime: CPU sessions at runtime.graph_optimization_level."""
 
 from __future__ import annotations
 

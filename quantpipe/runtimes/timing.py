@@ -1,4 +1,4 @@
-"""Every engine on the same ONNX files, timed in the same interleaved rounds (quantpipe.bench)."""
+"""Every runtime on the same ONNX files, timed in the same interleaved rounds (quantpipe.bench)."""
 
 from __future__ import annotations
 
@@ -6,35 +6,35 @@ from pathlib import Path
 
 import numpy as np
 
-from quantpipe import bench
-from quantpipe.runtimes.base import Check, Runtime
+from quantpipe import bench, profiling
+from quantpipe.runtimes.base import Check, Runtime, describe_kernels
 from quantpipe.schemas.bench import BenchParams
 
 
-def time_engines(engines: dict[str, dict[str, Runtime]], reference: str, models: dict[str, Path],
-                 checks: dict[str, dict[str, Check]], variant: str, x: np.ndarray,
-                 threads: tuple[int, ...], cores: int, p: BenchParams) -> dict:
+def time_runtimes(runtimes: dict[str, dict[str, Runtime]], reference: str, models: dict[str, Path],
+                  checks: dict[str, dict[str, Check]], variant: str, x: np.ndarray,
+                  threads: tuple[int, ...], cores: int, p: BenchParams) -> dict:
     """Latency and throughput of models[variant] and models["fp32"] (and models["bf16"], the
-    FP32 file in BF16, when given) on every engine that can run them (engines[model]: the
-    engines of that model's precision; checks: base.check per model), all in the same
-    interleaved rounds; `reference` names the engine the others are measured against.
+    FP32 file in BF16, when given) on every runtime that can run them (runtimes[model]: the
+    runtimes of that model's precision; checks: base.check per model), all in the same
+    interleaved rounds; `reference` names the runtime the others are measured against.
 
-    Returns "latency" and "throughput" of the variant on `runtime` (the reference engine, or
-    for the bf16 row the first trusted engine that runs BF16) with rows_against and
-    throughput_against FP32 on the reference engine (the keys every earlier bench had),
-    "runtimes": per engine its version and settings and, for the others, parity, why it
-    failed, and its rows against FP32 on the reference engine (and the FP32 model's own on it
-    under "baseline"), and "best": the fastest trusted engine and configuration against the
+    Returns "latency" and "throughput" of the variant on `runtime` (the reference runtime, or
+    for the bf16 row the first trusted runtime that runs BF16) with rows_against and
+    throughput_against FP32 on the reference runtime (the keys every earlier bench had),
+    "runtimes": per runtime its version and settings and, for the others, parity, why it
+    failed, and its rows against FP32 on the reference runtime (and the FP32 model's own on it
+    under "baseline"), and "best": the fastest trusted runtime and configuration against the
     best trusted FP32 one (best_configuration), and against the best BF16 one when timed.
     """
-    # An engine that failed parity is still timed (its rows are shown, marked failed).
-    timed = [(model, name) for model, by_engine in checks.items()
-             for name, c in by_engine.items() if c.runs]
+    # A runtime that failed parity is still timed (its rows are shown, marked failed).
+    timed = [(model, name) for model, by_runtime in checks.items()
+             for name, c in by_runtime.items() if c.runs]
     grid = bench.latency_grid(
-        lambda count: {(m, e): engines[m][e].runner(models[m], count) for m, e in timed},
+        lambda count: {(m, e): runtimes[m][e].runner(models[m], count) for m, e in timed},
         x, threads, p, desc=f"bench {variant} latency")
     ips = bench.throughput_grid(
-        lambda config: {(m, e): engines[m][e].pool(models[m], config.streams, config.threads)
+        lambda config: {(m, e): runtimes[m][e].pool(models[m], config.streams, config.threads)
                         for m, e in timed},
         x, cores, p, desc=f"bench {variant} throughput")
     largest, fp32 = max(p.batch_sizes), ("fp32", reference)
@@ -50,8 +50,8 @@ def time_engines(engines: dict[str, dict[str, Runtime]], reference: str, models:
         return out
 
     records = {}
-    for name, engine in engines[variant].items():
-        entry = {"title": engine.title, "version": engine.version()}
+    for name, runtime in runtimes[variant].items():
+        entry = {"title": runtime.title, "version": runtime.version()}
         if name == reference and checks[variant][name].parity is None:
             entry["reference"] = True
         else:
@@ -59,12 +59,12 @@ def time_engines(engines: dict[str, dict[str, Runtime]], reference: str, models:
             if variant != "fp32" and name in checks["fp32"]:
                 entry["baseline"] = record("fp32", name)
         if checks[variant][name].runs:
-            entry["settings"] = engine.settings(models[variant], cores)
+            entry["settings"] = runtime.settings(models[variant], cores)
         records[name] = entry
-    trusted = {model: [name for name, c in by_engine.items() if not c.failed]
-               for model, by_engine in checks.items()}
-    # The engine of the row's keys: the reference, or for the bf16 row the first trusted BF16
-    # engine; when none is trusted, the first that ran (the row is then marked failed).
+    trusted = {model: [name for name, c in by_runtime.items() if not c.failed]
+               for model, by_runtime in checks.items()}
+    # The runtime of the row's keys: the reference, or for the bf16 row the first trusted BF16
+    # runtime; when none is trusted, the first that ran (the row is then marked failed).
     ran = [name for name, c in checks[variant].items() if c.runs]
     lead = reference if reference in trusted[variant] else (trusted[variant] or ran)[0]
     best = bench.best_configuration(grid, ips, variant, trusted[variant] or ran, "fp32",
@@ -77,8 +77,23 @@ def time_engines(engines: dict[str, dict[str, Runtime]], reference: str, models:
             "runtimes": records, "best": best}
 
 
+def end_to_end(postprocess, runtime: Runtime, reference: Runtime, models: dict[str, Path],
+               variant: str, x: np.ndarray, threads: tuple[int, ...], p: BenchParams) -> dict:
+    """What an application waits for: the model, then the task's `postprocess` (a detector's
+    decode + NMS, the same code for every variant), on `runtime` (the row's), interleaved with
+    FP32's on the reference the same way."""
+    def runner(rt: Runtime, path: Path, count: int):
+        run = rt.runner(path, count)
+        return lambda batch: postprocess(run(batch))
+
+    return bench.latency_table(
+        lambda count: {variant: runner(runtime, models[variant], count),
+                       "fp32": runner(reference, models["fp32"], count)},
+        variant, x, threads, p, desc=f"bench {variant} end to end")
+
+
 def describe_timings(timings: dict) -> list[str]:
-    """Lines for the console: the reference engine's rows, its throughput, each other engine's
+    """Lines for the console: the reference runtime's rows, its throughput, each other runtime's
     parity (or why it was left out) and the fastest configuration per batch size."""
     lines = []
     for count, rows in timings["latency"].items():
@@ -90,9 +105,9 @@ def describe_timings(timings: dict) -> list[str]:
     extra = f", x{throughput['speedup']:.2f} vs fp32's best" if "speedup" in throughput else ""
     lines.append(f"throughput at bs{throughput['batch_size']}: {top['ips']:.0f} img/s with "
                  f"{top['streams']} stream(s) x {top['threads']} thread(s){extra}")
-    # What the others were checked against: the reference engine (FP32 on it, for the bf16 row).
+    # What the others were checked against: the reference runtime (FP32 on it, for the bf16 row).
     reference = next((name for name, entry in timings["runtimes"].items() if entry.get("reference")),
-                     "FP32 on the reference engine")
+                     "FP32 on the reference runtime")
     for name, entry in timings["runtimes"].items():
         if "parity" in entry:
             par = entry["parity"]
@@ -109,4 +124,19 @@ def describe_timings(timings: dict) -> list[str]:
         extra = f", x{top['speedup']:.2f} vs FP32's best" if "speedup" in top else ""
         lines.append(f"most throughput: {top['runtime']}, {top['streams']} stream(s) x "
                      f"{top['threads']} thread(s), {top['ips']:.0f} img/s{extra}")
+    return lines
+
+
+def describe_bench(out: dict) -> list[str]:
+    """Lines for the console of bench's record: describe_timings, then the kernels each runtime
+    ran, the fresh process's load time and peak RSS, and where ORT's kernel time went."""
+    lines = describe_timings(out)
+    lines += [f"{name} kernels: {describe_kernels(found.values())}"
+              for name, found in out["kernels"].items()]
+    if "memory" in out:
+        memory, profile = out["memory"], out["kernel_profile"]
+        lines.append(f"fresh process: load {memory['load_ms']:.1f} ms, peak RSS "
+                     + ", ".join(f"{bs} {mb:.0f} MB" for bs, mb in memory["peak_rss_mb"].items()))
+        lines.append(f"kernel time at bs{profile['batch_size']}: "
+                     f"{profiling.describe_profile(profile)}")
     return lines

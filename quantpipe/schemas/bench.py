@@ -1,4 +1,4 @@
-"""params.yaml `bench`: batch sizes, threads, timing rounds and the engines that run the models."""
+"""params.yaml `bench`: batch sizes, threads, timing rounds and the runtimes that run the models."""
 
 from __future__ import annotations
 
@@ -31,17 +31,17 @@ class BenchParams:
     runs: int = 300
     rounds: int = 6
     # Seconds one measurement (a batch size and thread count, or a stream configuration, with
-    # every model and engine timed in it) may take: a model slow enough to need more at
+    # every model and runtime timed in it) may take: a model slow enough to need more at
     # bench.runs is timed fewer times (at least 2 per round; the JSON records `runs`). A 64-px
     # detector at batch 64 takes ~30 ms a run: 300 runs of 4 runners would be 36 s. null: no cap.
     max_seconds: float | None = 5.0
-    # Engines that run every variant's ONNX file, by their names in quantpipe.runtimes.registry
+    # Runtimes that run every variant's ONNX file, by their names in quantpipe.runtimes.registry
     # (which checks them). onnxruntime is the reference (the summary's latency/speedup keys and
     # every parity check are its); the others are timed beside it in the same rounds, and the
-    # summary's `best` picks the fastest engine that passed parity.
+    # summary's `best` picks the fastest runtime that passed parity.
     runtimes: tuple[str, ...] = ("onnxruntime", "openvino")
-    # Top-1 agreement with ONNX Runtime on the test split below which another engine's outputs
-    # are not trusted: its rows are marked failed and left out of `best`. Two engines' kernels
+    # Top-1 agreement with ONNX Runtime on the test split below which another runtime's outputs
+    # are not trusted: its rows are marked failed and left out of `best`. Two runtimes' kernels
     # round differently; 99.5% leaves room for a few borderline samples, not for a wrong op.
     min_runtime_agreement: float = 0.995
 

@@ -88,13 +88,14 @@ class QuantizeStaticParams:
     calib_num_quantized_bins: int = 128
     # Calibration memory budget (MiB) for intermediate activations; see quant.calibration_plan.
     calib_memory_mb: int = 2048
-    # Accuracy-aware fallback: while the drop is real (quantpipe.criterion: the validation
-    # accuracy drops by more than max_accuracy_drop_pp, the flips are lopsided beyond chance at
+    # Accuracy-aware fallback: while the drop is real (quantpipe.criterion: the task's validation
+    # score drops by more than max_drop_pts points (accuracy in percentage points, mAP@[.5:.95]
+    # and mIoU x 100), the flips are lopsided beyond chance at
     # `significance` by McNemar's test, and agreement with FP32 on the unlabeled pool is below
     # min_pool_agreement), the engine's fallback runs: ORT's recovery ladder
     # (quant.quantize_static_with_fallback; max_fallback_steps rounds of per-node candidates)
     # or NNCF's accuracy control (at most max_fallback_steps quantizer groups reverted).
-    max_accuracy_drop_pp: float = 0.5
+    max_drop_pts: float = 0.5
     # A screening level, not a publication one: a false alarm costs a fallback step, a missed
     # drop ships a worse model (Entropy on the default model: 8 vs 2 flips, p = 0.055).
     significance: float = 0.1
@@ -121,8 +122,8 @@ class QuantizeStaticParams:
               self.calib_num_bins, f"an integer > calib_num_quantized_bins ({self.calib_num_quantized_bins})")
         check(self.calib_memory_mb >= 16, "quantize_static.calib_memory_mb", self.calib_memory_mb,
               "an integer >= 16 (MiB)")
-        check(self.max_accuracy_drop_pp >= 0, "quantize_static.max_accuracy_drop_pp",
-              self.max_accuracy_drop_pp, "a number >= 0")
+        check(self.max_drop_pts >= 0, "quantize_static.max_drop_pts",
+              self.max_drop_pts, "a number >= 0")
         check(0 < self.significance < 1, "quantize_static.significance", self.significance,
               "a probability in (0, 1), e.g. 0.05")
         check(0 < self.min_pool_agreement <= 1, "quantize_static.min_pool_agreement",

@@ -71,7 +71,7 @@ class Classification(ClassificationSpec, Task):
         def check(val_out: np.ndarray, pool_out: np.ndarray) -> criterion.Judged:
             """One candidate against FP32 on val and pool, and the verdict."""
             return criterion.assess(val_out.argmax(1), pool_out.argmax(1), ref_val, ref_pool,
-                                    val.y, max_drop_pp=p.max_accuracy_drop_pp,
+                                    val.y, max_drop_pp=p.max_drop_pts,
                                     significance=p.significance,
                                     min_pool_agreement=p.min_pool_agreement,
                                     agreement_floor=p.agreement_floor)
@@ -80,7 +80,7 @@ class Classification(ClassificationSpec, Task):
                            lambda out: out.argmax(1))
 
     def static_warnings(self, val, p, val_fraction) -> list[str]:
-        coarse = criterion.coarse_split_warning(len(val.y), p.max_accuracy_drop_pp, val_fraction)
+        coarse = criterion.coarse_split_warning(len(val.y), p.max_drop_pts, val_fraction)
         return [coarse] if coarse else []
 
     def static_metrics(self, judge, result, val) -> dict:

@@ -97,7 +97,7 @@ def judge(val_out: np.ndarray, pool_out: np.ndarray, ref_val_map: float, ref_poo
             f"validation mAP@[.5:.95] drop {drop:.2f} points > {max_drop_pts} (detection "
             f"agreement with FP32 on {len(pool_out)} pool images {a:.2%}, min_pool_agreement "
             f"{min_pool_agreement:.2%})")
-    record = {"val_accuracy": metrics["map_50_95"], "accuracy_drop_pp": drop,
+    record = {"val_score": metrics["map_50_95"], "drop_pts": drop,
               "val": {"samples": len(val), "map_50_95": metrics["map_50_95"],
                       "map_50": metrics["map_50"]},
               "pool": {"samples": len(pool_out), **pool.as_dict()},
@@ -201,7 +201,7 @@ class Detection(DetectionSpec, Task):
         def check(val_out: np.ndarray, pool_out: np.ndarray):
             """One candidate against FP32: validation mAP drop, detection agreement on the pool."""
             return judge(val_out, pool_out, fp32, ref_pool_out, val, self.info, self.detect,
-                         max_drop_pts=p.max_accuracy_drop_pp,
+                         max_drop_pts=p.max_drop_pts,
                          min_pool_agreement=p.min_pool_agreement, agreement_floor=p.agreement_floor)
 
         return StaticJudge(fp32, top_labels(ref_pool_out, self.detect), check,

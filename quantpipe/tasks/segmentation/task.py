@@ -104,14 +104,14 @@ class Segmentation(SegmentationSpec, Task):
                 real, rule, why = True, "agreement_floor", (
                     f"{where} < agreement_floor {p.agreement_floor:.2%} (validation mIoU drop "
                     f"{drop:.2f} points)")
-            elif drop <= p.max_accuracy_drop_pp:
+            elif drop <= p.max_drop_pts:
                 real, rule, why = False, "within_drop", (
-                    f"validation mIoU drop {drop:.2f} points <= {p.max_accuracy_drop_pp} ({where})")
+                    f"validation mIoU drop {drop:.2f} points <= {p.max_drop_pts} ({where})")
             else:
                 real, rule, why = True, "real_drop", (
-                    f"validation mIoU drop {drop:.2f} points > {p.max_accuracy_drop_pp} ({where}, "
+                    f"validation mIoU drop {drop:.2f} points > {p.max_drop_pts} ({where}, "
                     f"min_pool_agreement {p.min_pool_agreement:.2%})")
-            record = {"val_accuracy": scores["miou"], "accuracy_drop_pp": drop,
+            record = {"val_score": scores["miou"], "drop_pts": drop,
                       "val": {"samples": len(val), "miou": scores["miou"],
                               "pixel_accuracy": scores["pixel_accuracy"]},
                       "pool": {"samples": len(pool_out), "agreement": round(a, 6)},
