@@ -5,6 +5,9 @@ SHELL := /bin/bash
 
 VENV := $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV),$(CURDIR)/.venv)
 BIN := $(VENV)/bin
+# The Python ./.venv is made with (3.11, 3.12 or 3.13: scripts/check_python.py says so before
+# anything is created or downloaded).
+PYTHON ?= python3
 # The install is redone only when the pinned requirements change (the stamp names their hash).
 REQ_HASH := $(shell cat requirements.txt constraints.txt | sha256sum | cut -c1-16)
 STAMP := $(VENV)/.quantpipe-deps-$(REQ_HASH)
@@ -27,7 +30,8 @@ env: $(STAMP)
 	  || $(BIN)/python -m pip install --disable-pip-version-check -q --no-deps --no-build-isolation -e "$(CURDIR)"
 
 $(STAMP): requirements.txt constraints.txt
-	@test -x $(BIN)/python || python3 -m venv $(VENV)
+	@$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) scripts/check_python.py
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --disable-pip-version-check -q -r requirements.txt -c constraints.txt
 	@rm -f $(VENV)/.quantpipe-deps-* && touch $@
 

@@ -1,8 +1,8 @@
 """Does the calibration set represent the data the model will see? Its inputs and FP32's outputs
 on it, against the test split's.
 
-The ORT chapter's war story: calibration images of daytime scenes, half the validation set at
-night, 4 points of mAP lost until the calibration set matched. Static quantization fixes every
+A failure practitioners report: calibration images of daytime scenes, half the validation set
+at night, points of mAP lost until the calibration set matched. Static quantization fixes every
 activation range from the calibration set, so a set that is brighter, darker or emptier than
 the data leaves the ranges wrong for the rest. Each measure is a per-image number; the two sets
 differ when their means are apart by more than MAX_DIFFERENCE pooled standard deviations

@@ -3,7 +3,7 @@
 
 In a clone of this repository it runs the real pipeline with prepare.task: detection (the
 default detector on the embedded canvases), then
-- the war story of the ORT chapter: static INT8 calibrated on the train split's darkest
+- a calibration set that does not represent the data: static INT8 calibrated on the darkest
   canvases only (quantize_static and evaluate@static run by hand on that calibration set:
   the calibration check's warnings and the mAP it costs, plain and with the recovery ladder);
 - static with the decode quantized too (detect.float_decode: false; only the static branch

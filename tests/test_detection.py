@@ -560,7 +560,7 @@ def test_the_decode_stays_float_in_the_static_model(detection_run):
 
 @pytest.mark.slow  # quantize_static and evaluate twice by hand, ~40 s
 def test_a_calibration_set_of_dark_canvases_is_warned_about_and_costs_map(detection_run, tmp_path):
-    """The ORT chapter's war story: calibrated on dark canvases only (a night-only calibration
+    """A calibration set unlike the data: calibrated on dark canvases only (a night-only calibration
     set for a test split half lit), quantize_static names the measures that differ, and plain
     static quantization loses more mAP than with the representative calibration set."""
     from conftest import copy_project

@@ -16,8 +16,8 @@ DIGITS_WEIGHTS = (0.2, 0.35, 0.3, 0.15)
 # Longer side of a digit's box on a 64 px canvas (scaled with the canvas).
 DIGIT_SIDE = (12, 30)
 # Half the canvases are lit ("day": grey background, full contrast), half dark ("night": black
-# background, dim digits): the validation split then holds both, like the ORT chapter's street
-# scenes, and a calibration set drawn from one half alone does not represent the test split.
+# background, dim digits): the validation split then holds both, as street scenes hold day and
+# night, and a calibration set drawn from one half alone does not represent the test split.
 LIGHTING = {"day": ((10, 50), (0.75, 1.0)), "night": ((0, 8), (0.22, 0.45))}
 GAP = 2  # pixels kept free between boxes: one grid cell never centres two digits
 GENERATOR_SEED = 20261202  # the dataset is fixed; prepare's seed only moves the split

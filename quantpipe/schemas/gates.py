@@ -13,7 +13,7 @@ class GatesParams:
     SECTION: ClassVar[str] = "gates"
 
     max_accuracy_drop_pp: float = 1.0
-    # Detection (mAP@[.5:.95] points, the ORT chapter's tolerance table): a drop under
+    # Detection (mAP@[.5:.95] points, as practitioners read a drop after INT8): a drop under
     # warn_map_drop_pts is excellent, up to max_map_drop_pts acceptable with a warning in
     # report.md, beyond it a failure with the order to investigate in.
     warn_map_drop_pts: float = 1.0
