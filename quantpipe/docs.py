@@ -21,6 +21,8 @@ NAME picks what renders it:
   scripts/remote_bench.py (metrics/machines/*/summary.json): the threads curve, the recommended
   configurations with their tails and the server configuration.
 
+The pictures (quantpipe.pictures, docs/img/*.svg) are drawn from metrics/summary.json the same way.
+
     python -m quantpipe.docs            # rewrite every generated table (`make docs`)
     python -m quantpipe.docs --check    # exit 1 naming the file whose tables differ (a test)
 """
@@ -35,6 +37,7 @@ from pathlib import Path
 
 import yaml
 
+from quantpipe import pictures
 from quantpipe.machine import describe
 from quantpipe.profiling import describe_profile
 # report.md's table layout, settings as words and score keys
@@ -725,12 +728,21 @@ def main() -> int:
             stale.append(path)
             if not args.check:
                 path.write_text(new)
-    if args.check and stale:
-        print(f"{stale[0]}: its tables differ from metrics/; run `make docs` and commit it",
-              file=sys.stderr)
+    drawn = []
+    for path, data in pictures.render(args.root).items():
+        if not path.exists() or path.read_bytes() != data:
+            drawn.append(path)
+            if not args.check:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+    if args.check and (stale or drawn):
+        what = f"{stale[0]}: its tables" if stale else f"{drawn[0]}: the picture"
+        print(f"{what} differ from metrics/; run `make docs` and commit it", file=sys.stderr)
         return 1
     for path in stale:
         print(f"rewrote the tables of {path}")
+    for path in drawn:
+        print(f"drew {path}")
     return 0
 
 

@@ -4,7 +4,9 @@ every params key has its row; links between pages resolve; the README stays shor
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
+from pathlib import Path
 import shutil
 
 import pytest
@@ -29,6 +31,31 @@ def test_every_generated_table_is_the_committed_metrics():
     assert {"headline", "default", "runtimes", "families", "engines", "qat_hard", "detection",
             "precision", "precision_one_thread", "ort_amx", "scale", "spread",
             "yolo_peer", "ort_threads", "machines"} <= found, found
+
+
+def test_every_picture_is_the_committed_metrics_and_is_shown():
+    """docs/img/*.svg are drawn from metrics/summary.json (quantpipe.pictures), byte for byte,
+    and every one is referenced from README.md or docs/."""
+    from quantpipe import pictures
+    drawn = pictures.render(ROOT)
+    assert drawn and all(path.read_bytes() == data for path, data in drawn.items()), \
+        "run `make docs` and commit docs/img/"
+    assert drawn == pictures.render(ROOT)  # the same bytes every time
+    text = "".join(p.read_text() for p in docs.documents(ROOT))
+    for path in drawn:
+        rel = path.relative_to(ROOT)
+        assert f"]({rel})" in text or f"]({rel.relative_to('docs')})" in text, f"{rel} is shown nowhere"
+
+
+def test_a_changed_metric_redraws_the_pictures(copy):
+    from quantpipe import pictures
+    path = copy / "metrics/summary.json"
+    summary = json.loads(path.read_text())
+    summary["static"]["speedup"]["bs64"] = 9.87  # the all-cores point of the trade-off
+    path.write_text(json.dumps(summary))
+    redrawn = {p.relative_to(copy): data for p, data in pictures.render(copy).items()}
+    assert redrawn[Path("docs/img/tradeoff.svg")] != (ROOT / "docs/img/tradeoff.svg").read_bytes()
+    assert redrawn[Path("docs/img/speedup_threads.svg")] == (ROOT / "docs/img/speedup_threads.svg").read_bytes()
 
 
 @pytest.fixture
