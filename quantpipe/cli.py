@@ -145,32 +145,43 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, object]:
     return out
 
 
-def _set(d: dict, dotted: str, value) -> None:
+def _pop(d: dict, dotted: str):
+    """Remove and return the value at a dotted key, or KeyError."""
     *parents, last = dotted.split(".")
     for key in parents:
-        d = d.setdefault(key, {})
-    d[last] = value
+        d = d[key]
+    return d.pop(last)
+
+
+def _merge(user: dict, defaults: dict, prefix: str, notes: list[str]) -> dict:
+    out = {}
+    for key, default in defaults.items():
+        if key not in user:
+            out[key] = default
+            notes.append(f"new key {prefix}{key}: {default!r}")
+        elif isinstance(default, dict) and default and isinstance(user[key], dict):
+            out[key] = _merge(user[key], default, f"{prefix}{key}.", notes)
+        else:  # a value, or a free-form mapping (extra_options): the user's, whole
+            out[key] = user[key]
+    notes += [f"{prefix}{key} is no longer read (removed; it was {user[key]!r})"
+              for key in user if key not in defaults]
+    return out
 
 
 def merge_params(user: dict, new_defaults: dict) -> tuple[dict, list[str]]:
     """The new params.yaml: the new version's keys in its order, each with the user's value
     where the user has one (under its old name if it was renamed); notes for what moved, was
     added or is gone."""
-    mine = _flatten(user)
+    user, notes = yaml.safe_load(yaml.safe_dump(user)) or {}, []  # a copy to take keys from
     for old, new in RENAMED.items():
-        if old in mine and new not in mine:
-            mine[new] = mine.pop(old)
-    merged: dict = {}
-    notes = [f"{old} is now {new} (your value kept)" for old, new in RENAMED.items()
-             if old in _flatten(user)]
-    for key, default in _flatten(new_defaults).items():
-        if key in mine:
-            _set(merged, key, mine.pop(key))
-        else:
-            _set(merged, key, default)
-            notes.append(f"new key {key}: {default!r}")
-    notes += [f"{key} is no longer read (removed; it was {value!r})" for key, value in mine.items()]
-    return merged, notes
+        try:
+            value = _pop(user, old)
+        except (KeyError, TypeError):
+            continue
+        section, _, key = new.rpartition(".")
+        user.setdefault(section, {}).setdefault(key, value)
+        notes.append(f"{old} is now {new} (your value kept)")
+    return _merge(user, new_defaults, "", notes), notes
 
 
 def changed_defaults(old: dict, new: dict) -> list[str]:

@@ -121,6 +121,7 @@ def test_upgrade_keeps_the_users_params_and_names_every_changed_default(tmp_path
     mine["prepare"]["calib_size"] = 123
     mine["quantize_static"]["max_accuracy_drop_pp"] = mine["quantize_static"].pop("max_drop_pts") + 0.25
     mine["bench"]["retired_knob"] = 3
+    mine["quantize_static"]["extra_options"] = {"CalibPercentile": 99.9}  # a free-form mapping
     del mine["gates"]["max_miou_drop_pts"]
     (repo / "params.yaml").write_text(yaml.safe_dump(mine, sort_keys=False))
     (repo / "dvc.yaml").write_text("stages: {}\n")  # what an older version wrote
@@ -141,6 +142,8 @@ def test_upgrade_keeps_the_users_params_and_names_every_changed_default(tmp_path
     assert params["quantize_static"]["max_drop_pts"] == defaults["quantize_static"]["max_drop_pts"] + 0.25
     assert params["gates"]["max_miou_drop_pts"] == defaults["gates"]["max_miou_drop_pts"]
     assert "retired_knob" not in params["bench"]
+    assert params["quantize_static"]["extra_options"] == {"CalibPercentile": 99.9}
+    assert not any("extra_options" in line for line in lines)
     assert list(params) == list(defaults)  # the new version's order
     assert (repo / "dvc.yaml").read_text() == cli.render_dvc_yaml(cli.template("dvc.yaml"))
     assert yaml.safe_load((repo / ".quantpipe/state.yaml").read_text()) == {
