@@ -170,7 +170,10 @@ def test_the_wheel_installed_elsewhere_runs_the_pipeline_in_a_new_repository(tmp
     changes nothing DVC would re-run."""
     from conftest import set_params
 
-    env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
+    # Not this checkout on the path (conftest puts it on PYTHONPATH): pip would take its
+    # quantpipe.egg-info for the wheel, already installed.
+    env = {**{k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")},
+           "DVC_NO_ANALYTICS": "1"}
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                     str(ROOT), "-w", str(tmp_path / "dist")], check=True, env=env)
     venv = tmp_path / "venv"
@@ -179,10 +182,11 @@ def test_the_wheel_installed_elsewhere_runs_the_pipeline_in_a_new_repository(tmp
     import site as this_site
     (site / "base.pth").write_text(this_site.getsitepackages()[0] + "\n")
     wheel = next((tmp_path / "dist").glob("quantpipe-*.whl"))
-    subprocess.run([str(venv / "bin/pip"), "install", "-q", "--no-deps", str(wheel)], check=True,
-                   env=env)
+    pip = subprocess.run([str(venv / "bin/pip"), "install", "--no-deps", str(wheel)], env=env,
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert (venv / "bin/quantpipe").exists(), pip.stdout[-2000:] + pip.stderr[-2000:]
     env = {**env, "PATH": f"{venv}/bin:{os.path.dirname(sys.executable)}:{env['PATH']}",
-           "VIRTUAL_ENV": str(venv), "PYTHONPATH": ""}
+           "VIRTUAL_ENV": str(venv)}
     repo = _repository(tmp_path / "repo")
     init = subprocess.run(["quantpipe", "init"], cwd=repo, env=env, capture_output=True, text=True)
     assert init.returncode == 0, init.stderr
