@@ -643,6 +643,11 @@ def test_the_run_check_reads_dvcs_rwlock_and_ignores_dead_and_foreign_pids(tmp_p
     dead.wait()
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "dvc"])
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    for proc in (alive, other):  # exec'd: its own command line, not still the forked test's
+        deadline = time.monotonic() + 10
+        while (b"time.sleep(60)" not in Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+               and time.monotonic() < deadline):
+            time.sleep(0.01)
     try:
         info = lambda pid, cmd: {"pid": pid, "cmd": cmd}  # noqa: E731
         (tmp_path / ".dvc/tmp/rwlock").write_text(json.dumps({
