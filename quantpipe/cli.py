@@ -96,8 +96,7 @@ def render_dvc_yaml(text: str) -> str:
 
 
 def _write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_bytes(path, text.encode())
+    write_bytes(path, text.encode())  # atomic, its folder made (quantpipe.io.atomic_path)
 
 
 def _check_repository() -> None:

@@ -12,6 +12,7 @@ docs` (quantpipe.docs) and checked like its tables: the same metrics give the sa
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import matplotlib
@@ -122,6 +123,5 @@ PICTURES = {"docs/img/tradeoff.svg": tradeoff, "docs/img/speedup_threads.svg": s
 
 def render(root: Path) -> dict[Path, bytes]:
     """Every picture's path under `root` and its bytes, from root/metrics/summary.json."""
-    import json
     summary = json.loads((root / "metrics/summary.json").read_text())
     return {root / rel: draw(summary) for rel, draw in PICTURES.items()}
