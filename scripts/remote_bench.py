@@ -217,7 +217,15 @@ def collect(project: Path, results: Path) -> Path:
     metrics/machines/<name>/, with that machine's report (this machine's accuracy, its benches)."""
     with tempfile.TemporaryDirectory() as tmp:
         with tarfile.open(results) as tar:
-            tar.extractall(tmp, filter="data")
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(tmp, filter="data")
+            else:  # Python 3.11.0-3.11.3 have no extraction filters: the check by hand
+                for member in tar.getmembers():
+                    if not (member.isfile() or member.isdir()) or member.name.startswith("/") \
+                            or ".." in Path(member.name).parts:
+                        raise SystemExit(f"{results}: {member.name} is not a plain file or "
+                                         "folder inside the archive; not extracting it")
+                tar.extractall(tmp)
         got = Path(tmp) / "results"
         machine = json.loads((got / "machine.json").read_text())
         dest = project / MACHINES / machine_name(machine)
