@@ -211,16 +211,21 @@ def upgrade() -> list[str]:
     return lines + [f"  {note}" for note in notes]
 
 
+# The subcommands: what each does, and its help line.
+COMMANDS = {"init": (init, "write the pipeline into this git + DVC repository"),
+            "upgrade": (upgrade, "renew the pipeline after installing a newer quantpipe, keeping "
+                                 "your params")}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="quantpipe", description=__doc__.split("\n\n")[0])
     parser.add_argument("--version", action="version", version=f"quantpipe {version()}")
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("init", help="write the pipeline into this git + DVC repository")
-    commands.add_parser("upgrade", help="renew the pipeline after installing a newer quantpipe, "
-                                        "keeping your params")
+    for name, (_, text) in COMMANDS.items():
+        commands.add_parser(name, help=text)
     args = parser.parse_args(argv)
     try:
-        lines = {"init": init, "upgrade": upgrade}[args.command]()
+        lines = COMMANDS[args.command][0]()
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -5,7 +5,8 @@ NAME picks what renders it:
 
 - `default`: metrics/summary.json and metrics/bench/static.json (the default pipeline: all
   cores, one thread, throughput and memory, ONNX Runtime vs OpenVINO);
-- `headline`: the short table of the README (summary.json);
+- `headline`: the short table of the README (summary.json; each speedup's range over repeated
+  runs from metrics/spread.json when it is this machine's);
 - `runtimes`: static.onnx and fp32.onnx on each runtime (metrics/bench/static.json);
 - `families`: metrics/families.json (scripts/families.py);
 - `engines`: metrics/engines.json (scripts/engines.py);
@@ -21,7 +22,7 @@ NAME picks what renders it:
   scripts/remote_bench.py (metrics/machines/*/summary.json): the threads curve, the recommended
   configurations with their tails and the server configuration.
 
-The pictures (quantpipe.pictures, docs/img/*.svg) are drawn from metrics/summary.json the same way.
+The pictures (quantpipe.pictures, docs/img/*.svg) are drawn from the committed metrics the same way.
 
     python -m quantpipe.docs            # rewrite every generated table (`make docs`)
     python -m quantpipe.docs --check    # exit 1 naming the file whose tables differ (a test)
@@ -93,22 +94,50 @@ SPEEDUP_NOTE = ("speedup = FP32's p50 from the same interleaved rounds / the var
                 "the ratio does not.")
 
 
-def headline_table(summary: dict) -> str:
-    """The README's table: accuracy, size and the largest batch at all cores and on one thread."""
+def _spread_of(summary: dict, spread: dict | None) -> dict[str, list[float]]:
+    """Per speedup path of summary.json its values over scripts/spread.py's runs, when those
+    were measured on the machine that measured summary.json (the first of them is its run)."""
+    if not spread or spread.get("machine") != describe(summary["machine"]):
+        return {}
+    return spread["speedup"].get("values", {})
+
+
+def _with_range(cell: str, values: list[float] | None) -> str:
+    return cell if not values else f"{cell} ({min(values):.2f}–{max(values):.2f})"
+
+
+def headline_table(summary: dict, spread: dict | None = None) -> str:
+    """The README's table: accuracy, size and the largest batch at all cores and on one thread;
+    each speedup with its range over repeated runs when metrics/spread.json has this machine's."""
     sizes = _sizes(summary)[-1:]
     names = [v for v in ("fp32", "dynamic", "static", "qat", "bf16") if v in summary]
     cores = summary["machine"]["cores"]
+    ranges = _spread_of(summary, spread)
     rows = []
     for v, first, one in zip(names, _latency_rows(summary, names, sizes, None),
                              _latency_rows(summary, names, sizes, "threads1")):
         s = summary[v]
+        bs = sizes[-1]
+        first[3] = _with_range(first[3], ranges.get(f"{v}.speedup.{bs}"))
+        one[3] = _with_range(one[3], ranges.get(f"{v}.by_threads.threads1.speedup.{bs}"))
         rows.append([first[0], f"{s['accuracy']:.3f}", f"{s['size_bytes'] / 1e6:.2f} MB",
                      *first[1:], *one[1:]])
     head = ["variant", "test accuracy", "size",
             *[f"{h}, {cores} threads" for h in _latency_head(sizes)],
             *[f"{h}, 1 thread" for h in _latency_head(sizes)]]
+    if ranges:
+        seeds = spread["accuracy"]["seed_range_pp"]
+        noise = (f"In brackets: the lowest and highest speedup over {spread['bench_runs']} runs of "
+                 "the same models, one after another on this machine (`metrics/spread.json`, "
+                 "`scripts/spread.py`); this table is the first of those runs. Accuracy is the "
+                 "same on a re-run here (the pipeline is deterministic on one machine) and moves "
+                 f"by up to {max(seeds.values()):.1f} points across seeds "
+                 f"{', '.join(map(str, spread['accuracy']['seeds']))} (split and training).")
+    else:
+        noise = ("No spread over repeated runs was measured on this machine: "
+                 "`python scripts/spread.py`, then `make docs`, adds it here.")
     return "\n".join([f"Measured on {describe(summary['machine'])}.", "", *markdown_table(head, rows), "",
-                      SPEEDUP_NOTE])
+                      SPEEDUP_NOTE, "", noise])
 
 
 def default_tables(summary: dict, static_bench: dict) -> str:
@@ -249,7 +278,9 @@ def engines_table(rows: list[dict]) -> str:
 def qat_hard_table(hard: dict) -> str:
     """metrics/qat_hard.json (scripts/qat_hard.py): the PTQ-hard twin, PTQ plain, PTQ + ladder, QAT."""
     table = hard["rows"]
-    lines = ["| variant | how | test acc | drop pp | flips (lost/won) | nodes in float | "
+    lines = [f"Measured on {table[0]['cpu']}; FP32 test accuracy {table[0]['fp32_accuracy']:.4f}, "
+             f"channel {hard['channel']} scaled x{hard['scale']:g}.", "",
+             "| variant | how | test acc | drop pp | flips (lost/won) | nodes in float | "
              "speedup (all cores / 1 thread) | seconds |", "|---|---|---|---|---|---|---|---|"]
     for r in table:
         how = ("QAT, params.yaml settings" if r["variant"] == "qat" else
@@ -667,6 +698,10 @@ def render(name: str, root: Path) -> str:
     if name in ONE_FILE_BLOCKS:
         table, rel = ONE_FILE_BLOCKS[name]
         return table(read(rel))
+    if name == "headline":
+        spread = root / "metrics/spread.json"
+        return headline_table(read("metrics/summary.json"),
+                              json.loads(spread.read_text()) if spread.exists() else None)
     if name == "default":
         return default_tables(read("metrics/summary.json"), read("metrics/bench/static.json"))
     if name == "runtimes":
@@ -692,7 +727,6 @@ def render(name: str, root: Path) -> str:
 
 # Blocks that are one function of one metrics file: block name -> (function, file).
 ONE_FILE_BLOCKS = {
-    "headline": (headline_table, "metrics/summary.json"),
     "families": (families_table, "metrics/families.json"),
     "engines": (engines_table, "metrics/engines.json"),
     "qat_hard": (qat_hard_table, "metrics/qat_hard.json"),

@@ -1,16 +1,19 @@
-"""The pictures of README.md and docs/, drawn from the committed metrics/summary.json by `make
-docs` (quantpipe.docs) and checked like its tables: the same metrics give the same bytes
+"""The pictures of README.md and docs/, drawn from the committed metrics by `make docs`
+(quantpipe.docs) and checked like its tables: the same metrics give the same bytes
 (matplotlib's SVG with text kept as text, a fixed hash salt and no date).
 
 - docs/img/tradeoff.svg: what each INT8/BF16 variant buys (speedup over FP32 on ONNX Runtime,
   same rounds) against what it costs (the drop in the task's score), per runtime, at the largest
   batch and all cores, and at 1 thread;
 - docs/img/speedup_threads.svg: speedup over FP32 against threads, per variant and runtime, at
-  the smallest and the largest batch.
+  the smallest and the largest batch;
+- docs/img/detection_example.svg: test canvases with the ground truth and FP32's and static
+  INT8's detections (metrics/detection_example.json, scripts/detection_example.py).
 """
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 from pathlib import Path
@@ -20,6 +23,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
+import numpy as np  # noqa: E402
 
 from quantpipe.report import score_keys  # noqa: E402
 
@@ -118,10 +122,46 @@ def speedup_threads(summary: dict) -> bytes:
         return _svg(fig)
 
 
-PICTURES = {"docs/img/tradeoff.svg": tradeoff, "docs/img/speedup_threads.svg": speedup_threads}
+def detection_example(record: dict) -> bytes:
+    """Test canvases with their ground truth, FP32's and static INT8's detections (the user's
+    decode: detect.score_threshold and NMS), one panel per canvas."""
+    from PIL import Image
+
+    images = record["images"]
+    names = record["class_names"]
+    styles = {"truth": ("#2ca02c", "-", 2.2), "fp32": ("#4c72b0", "-", 1.2),
+              "static": ("#dd8452", "--", 1.2)}
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(1, len(images), figsize=(2.1 * len(images), 2.6))
+        for ax, image in zip(np.atleast_1d(axes), images):
+            pixels = np.asarray(Image.open(io.BytesIO(base64.b64decode(image["png"]))))
+            ax.imshow(pixels, cmap="gray" if pixels.ndim == 2 else None, vmin=0, vmax=255,
+                      interpolation="nearest")
+            for kind, (color, ls, lw) in styles.items():
+                for x1, y1, x2, y2, label, *score in image[kind]:
+                    ax.add_patch(plt.Rectangle((x1, y1), x2 - x1, y2 - y1, fill=False,
+                                               color=color, ls=ls, lw=lw))
+                    if kind != "truth":  # FP32's label above the box, static's below
+                        ax.text(x1, y1 - 1 if kind == "fp32" else y2 + 1, f"{names[label]} {score[0]:.2f}",
+                                color=color, fontsize=6, va="bottom" if kind == "fp32" else "top")
+            counts = ", ".join(f"{k} {len(image[k])}" for k in styles)
+            ax.set_title(f"test #{image['index']}: {counts}", fontsize=7)
+            ax.set_axis_off()
+        handles = [plt.Line2D([], [], color=c, ls=ls, lw=lw) for c, ls, lw in styles.values()]
+        fig.legend(handles, ["ground truth", "FP32 (fp32.onnx)", "static INT8 (static.onnx)"],
+                   loc="lower center", ncol=3, frameon=False)
+        fig.suptitle(f"Detections before and after INT8 ({record['pipeline']})", fontsize=8)
+        fig.tight_layout(rect=(0, 0.08, 1, 1))
+        return _svg(fig)
+
+
+# Picture -> (how it is drawn, the metrics file it is drawn from).
+PICTURES = {"docs/img/tradeoff.svg": (tradeoff, "metrics/summary.json"),
+            "docs/img/speedup_threads.svg": (speedup_threads, "metrics/summary.json"),
+            "docs/img/detection_example.svg": (detection_example, "metrics/detection_example.json")}
 
 
 def render(root: Path) -> dict[Path, bytes]:
-    """Every picture's path under `root` and its bytes, from root/metrics/summary.json."""
-    summary = json.loads((root / "metrics/summary.json").read_text())
-    return {root / rel: draw(summary) for rel, draw in PICTURES.items()}
+    """Every picture's path under `root` and its bytes, from the metrics file it shows."""
+    return {root / rel: draw(json.loads((root / source).read_text()))
+            for rel, (draw, source) in PICTURES.items() if (root / source).exists()}

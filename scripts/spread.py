@@ -44,7 +44,8 @@ def largest_fall(values: list[float]) -> float:
 
 
 def speedup_spread(runs: list[dict]) -> dict:
-    """Per speedup path its values over the runs and largest fall; per family the worst path."""
+    """Per speedup path its values over the runs (the first: the committed run) and largest
+    fall; per family the worst path."""
     paths: dict[str, list[float]] = {}
     for run in runs:
         for path, value in flatten(run).items():
@@ -57,7 +58,8 @@ def speedup_spread(runs: list[dict]) -> dict:
         worst = families.get(family)
         if worst is None or fall > worst["largest_fall"]:
             families[family] = {"largest_fall": fall, "path": path, "values": paths[path]}
-    return {"families": dict(sorted(families.items())), "largest_fall": falls}
+    values = {p: v for p, v in sorted(paths.items()) if len(v) == len(runs)}
+    return {"families": dict(sorted(families.items())), "largest_fall": falls, "values": values}
 
 
 def other_machine(rev: str) -> dict:

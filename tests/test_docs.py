@@ -19,7 +19,8 @@ METRICS = ("metrics/summary.json", "metrics/bench/static.json", "metrics/familie
            "metrics/engines.json", "metrics/qat_hard.json", "metrics/detection.json",
            "metrics/segmentation.json",
            "metrics/ort_amx.json", "metrics/scale.json",
-           "metrics/spread.json", "metrics/yolo_peer.json", "metrics/ort_threads.json")
+           "metrics/spread.json", "metrics/yolo_peer.json", "metrics/ort_threads.json",
+           "metrics/detection_example.json")
 
 
 def test_every_generated_table_is_the_committed_metrics():
@@ -34,7 +35,7 @@ def test_every_generated_table_is_the_committed_metrics():
 
 
 def test_every_picture_is_the_committed_metrics_and_is_shown():
-    """docs/img/*.svg are drawn from metrics/summary.json (quantpipe.pictures), byte for byte,
+    """docs/img/*.svg are drawn from the committed metrics (quantpipe.pictures), byte for byte,
     and every one is referenced from README.md or docs/."""
     from quantpipe import pictures
     drawn = pictures.render(ROOT)
@@ -100,6 +101,50 @@ def test_every_speedup_column_shows_the_fp32_time_it_divides():
             if name.startswith("speedup"):
                 p50, fp32, x = (float(re.sub(r"[^\d.]", "", c)) for c in row[i - 2:i + 1])
                 assert fp32 / p50 == pytest.approx(x, rel=0.02), (name, row)
+
+
+def test_the_headline_shows_each_speedups_range_over_runs_on_its_machine():
+    """Noise next to each headline figure: lowest-highest over scripts/spread.py's runs, only
+    when they were measured on the machine that measured summary.json."""
+    from quantpipe.machine import describe
+
+    summary = json.loads((ROOT / "metrics/summary.json").read_text())
+    bs = sorted(summary["fp32"]["latency_p50_ms"], key=lambda k: int(k[2:]))[-1]
+    spread = {"machine": describe(summary["machine"]), "bench_runs": 3,
+              "speedup": {"values": {f"static.speedup.{bs}": [1.5, 1.25, 2.5],
+                                     f"static.by_threads.threads1.speedup.{bs}": [2.0, 2.25, 2.125]}},
+              "accuracy": {"seeds": [0, 1, 2], "seed_range_pp": {"static.accuracy": 0.75}}}
+    table = docs.headline_table(summary, spread)
+    static = next(line for line in table.splitlines() if line.startswith("| static |"))
+    assert f"x{summary['static']['speedup'][bs]:.2f} (1.25–2.50)" in static
+    assert "(2.00–2.25)" in static
+    assert "over 3 runs of the same models" in table and "up to 0.8 points" in table
+    elsewhere = docs.headline_table(summary, {**spread, "machine": "another CPU, 64 cores"})
+    assert "–" not in elsewhere.split("| static |")[1].splitlines()[0]
+    assert "No spread over repeated runs was measured on this machine" in elsewhere
+
+
+def _example(static_box: list[float]) -> dict:
+    import base64
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(__import__("numpy").zeros((16, 16), "uint8")).save(buffer, format="PNG")
+    image = {"index": 3, "png": base64.b64encode(buffer.getvalue()).decode(),
+             "truth": [[2.0, 2.0, 9.0, 9.0, 1]], "fp32": [[2.0, 2.5, 9.0, 9.0, 1, 0.9]],
+             "static": [static_box]}
+    return {"class_names": ["digit0", "digit1"], "pipeline": "test", "images": [image, image]}
+
+
+def test_the_detection_example_draws_both_models_boxes_and_follows_the_metrics():
+    from quantpipe import pictures
+
+    svg = pictures.detection_example(_example([2.0, 2.5, 9.5, 9.0, 1, 0.8])).decode()
+    assert "digit1 0.90" in svg and "digit1 0.80" in svg and "test #3: truth 1, fp32 1, static 1" in svg
+    assert svg == pictures.detection_example(_example([2.0, 2.5, 9.5, 9.0, 1, 0.8])).decode()
+    assert svg != pictures.detection_example(_example([4.0, 2.5, 9.5, 9.0, 0, 0.8])).decode()
 
 
 def test_the_one_thread_precision_table_reads_every_engine_at_one_thread():
