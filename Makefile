@@ -53,8 +53,8 @@ repro: env
 	@echo "         metrics/ (summary.json, report.md, per-stage JSON). Compare with: make diff"
 
 # `slow` tests (every torchvision family end to end; the Dask sweeps: S3, a killed worker, a
-# re-submission; the forced re-run's identical bytes; detection folders; ~40 minutes) are left
-# to test-all and test-slow (CI runs both).
+# re-submission; the forced re-run's identical bytes; detection folders; every documented
+# command) are left to test-all and test-slow (CI runs both).
 # Two pytest workers (pytest-xdist), one test file each at a time: most of a test's time is one
 # single-threaded stage process, so both cores work (~15 minutes instead of ~20).
 test: env
@@ -63,8 +63,10 @@ test: env
 test-all: env
 	python -m pytest -q tests
 
+# Two workers, a file each at a time, as `test`: the documents' commands (one file, ~35 minutes)
+# run beside the other slow files (~45 minutes one after another on 2 cores).
 test-slow: env
-	python -m pytest -q -m slow tests
+	python -m pytest -q -n 2 --dist loadfile -m slow tests
 
 # The measured tables of README.md and docs/, rewritten from the committed metrics/*.json
 # (tests/test_docs.py fails while a document and the metrics disagree).

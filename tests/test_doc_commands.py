@@ -14,6 +14,7 @@ How the slow test runs a block, as a user would with small data:
   directory with what they name there (~/my-project: git + DVC, ~/runs, ~/model.onnx);
 - with a virtualenv of its own (this environment's packages underneath) as the active one, so
   that `make`, `pip install` and `quantpipe` act there, and ./.venv pointing to it; pip offline;
+  `make env` run in the copy first, as the README's two commands leave a checkout;
 - line by line (a `\\`-continued line is one), in bash, stopping at the first that fails; the
   working directory carries from line to line;
 - each `dvc exp run` from the committed params.yaml, as the documents present each as one
@@ -216,9 +217,11 @@ def test_every_make_target_script_module_and_subcommand_named_exists():
 
 # --- slow: each block run ---------------------------------------------------------------------
 
-# The small params of the tests, plus: one runtime in bench, and a review gate that stops only on what breaks (the gate's logic has its
+# The small params of the tests but the task's own model (the documents' recipes change the task),
+# plus: one runtime in bench, and a review gate that stops only on what breaks (the gate's logic has its
 # own tests, tests/test_review.py).
 SMALL = {**TINY_PARAMS,
+         "train": {k: v for k, v in TINY_PARAMS["train"].items() if k != "model"},
          "bench": {**TINY_PARAMS["bench"], "runtimes": ["onnxruntime"], "max_seconds": 0.5},
          "review": {"max_speedup_regression": 0.95, "max_drop_pts": 50.0}}
 # Files beyond a pipeline run that the documents' commands use.
@@ -316,11 +319,17 @@ def _inputs(inputs: Path) -> None:
 def docs_env(tmp_path_factory) -> dict:
     """The virtualenv, the project run once, and the environment every block runs with."""
     top = tmp_path_factory.mktemp("docs-commands")
+    # This environment's packages underneath, pinned versions included (a new virtualenv's own
+    # pip and setuptools would shadow the pins and send pip to the network): no pip of its own,
+    # `pip` runs this environment's pip for it, installing into it.
     venv = top / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     import site as this_site
     site = next(venv.glob("lib/python3.*/site-packages"))
     (site / "base.pth").write_text(this_site.getsitepackages()[0] + "\n")
+    pip = venv / "bin/pip"
+    pip.write_text('#!/bin/sh\nexec "$(dirname "$0")/python" -m pip "$@"\n')
+    pip.chmod(0o755)
 
     base = make_project(top / "base", SMALL)
     for name in EXTRA_FILES:
@@ -340,7 +349,7 @@ def docs_env(tmp_path_factory) -> dict:
     small = top / "small_params.py"
     small.write_text(
         "import sys, yaml\n"
-        f"small = {json.dumps(SMALL)!s}\n"
+        f"small = {SMALL!r}\n"
         "def merge(a, b):\n"
         "    for k, v in b.items():\n"
         "        a[k] = merge(a.get(k) or {}, v) if isinstance(v, dict) else v\n"
@@ -401,6 +410,8 @@ def test_every_documented_shell_block_runs_as_written(block, docs_env, tmp_path)
         venv_link.symlink_to(docs_env["venv"])
     home = _home(tmp_path / "home", docs_env["base"])
     env = {**docs_env["env"], "HOME": str(home)}
+    # As the README's two commands leave a checkout: `make env` has installed it (editable).
+    subprocess.run(["make", "env"], cwd=repo, env=env, check=True, capture_output=True, timeout=600)
     cwd_file = tmp_path / "cwd"
     cwd_file.write_text(str(repo))
     for line in block.lines():
