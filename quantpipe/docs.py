@@ -112,12 +112,11 @@ def headline_table(summary: dict, spread: dict | None = None) -> str:
     sizes = _sizes(summary)[-1:]
     names = [v for v in ("fp32", "dynamic", "static", "qat", "bf16") if v in summary]
     cores = summary["machine"]["cores"]
-    ranges = _spread_of(summary, spread)
+    ranges, bs = _spread_of(summary, spread), sizes[-1]
     rows = []
     for v, first, one in zip(names, _latency_rows(summary, names, sizes, None),
                              _latency_rows(summary, names, sizes, "threads1")):
         s = summary[v]
-        bs = sizes[-1]
         first[3] = _with_range(first[3], ranges.get(f"{v}.speedup.{bs}"))
         one[3] = _with_range(one[3], ranges.get(f"{v}.by_threads.threads1.speedup.{bs}"))
         rows.append([first[0], f"{s['accuracy']:.3f}", f"{s['size_bytes'] / 1e6:.2f} MB",
