@@ -47,11 +47,10 @@ def boxes(dets) -> list[list[float]]:
 
 
 def detections(repo: Path, count: int) -> dict:
-    import onnxruntime as ort
-
-    from quantpipe import data, params
+    from quantpipe import data, onnxutil, params
     from quantpipe.detection import post
     from quantpipe.schemas.detect import DetectParams
+    from quantpipe.schemas.runtime import RuntimeParams
 
     prepared = repo / "data/prepared"
     info = data.load_info(prepared)
@@ -60,12 +59,12 @@ def detections(repo: Path, count: int) -> dict:
     pixels = np.asarray(data.rows(test.x, np.asarray(picked)))
     inputs = data.normalize(pixels, info)
     decode = params.load(DetectParams, repo / "params.yaml").for_model(info.model_family).decode_args()
+    # The session evaluate runs each model with (runtime.graph_optimization_level).
+    level = params.load(RuntimeParams, repo / "params.yaml").graph_optimization_level
     found = {}
     for variant in ("fp32", "static"):
-        session = ort.InferenceSession(str(repo / f"models/{variant}.onnx"),
-                                       providers=["CPUExecutionProvider"])
-        out = session.run(None, {session.get_inputs()[0].name: inputs})[0]
-        found[variant] = [boxes(d) for d in post.decode(out, **decode)]
+        run = onnxutil.session_runner(onnxutil.make_session(repo / f"models/{variant}.onnx", level=level))
+        found[variant] = [boxes(d) for d in post.decode(run(inputs), **decode)]
     return {
         "class_names": list(info.class_names),
         "decode": decode,
