@@ -34,6 +34,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -316,7 +317,7 @@ def _inputs(inputs: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def docs_env(tmp_path_factory) -> dict:
+def docs_env(tmp_path_factory) -> Iterator[dict]:
     """The virtualenv, the project run once, and the environment every block runs with."""
     top = tmp_path_factory.mktemp("docs-commands")
     # This environment's packages underneath, pinned versions included (a new virtualenv's own
@@ -363,7 +364,9 @@ def docs_env(tmp_path_factory) -> dict:
                 "PIP_NO_INDEX": "1", "PIP_NO_BUILD_ISOLATION": "0",
                 "PIP_DISABLE_PIP_VERSION_CHECK": "1",
                 "DOCS_TEST_RAN": str(top / "ran.txt"), "DOCS_TEST_SMALL": str(small)})
-    return {"top": top, "base": base, "venv": venv, "env": env, "copies": {}}
+    yield {"top": top, "base": base, "venv": venv, "env": env, "copy": None}
+    # Each block's copy is hundreds of MB: none outlives the module (the disk is shared with CI).
+    shutil.rmtree(top, ignore_errors=True)
 
 
 def _home(path: Path, base: Path) -> Path:
@@ -400,11 +403,16 @@ def _shell_block_ids() -> list[Block]:
 @pytest.mark.slow  # every documented command on small data: ~30 minutes on 2 cores
 @pytest.mark.parametrize("block", _shell_block_ids(), ids=lambda b: b.name)
 def test_every_documented_shell_block_runs_as_written(block, docs_env, tmp_path):
-    copies = docs_env["copies"]
-    previous = copies.get(block.doc)
-    repo = previous if block.continues and previous else \
-        copy_project(docs_env["base"], tmp_path / "project")
-    copies[block.doc] = repo
+    # One copy at a time, outside tmp_path (a passed test's tmp_path is removed): a block marked
+    # `continues` goes on in the copy of the block before it, in the same document.
+    previous = docs_env["copy"]
+    if block.continues and previous and previous[0] == block.doc:
+        repo = previous[1]
+    else:
+        if previous:
+            shutil.rmtree(previous[1], ignore_errors=True)
+        repo = copy_project(docs_env["base"], docs_env["top"] / re.sub(r"\W", "_", block.name))
+    docs_env["copy"] = (block.doc, repo)
     venv_link = repo / ".venv"
     if not venv_link.exists():
         venv_link.symlink_to(docs_env["venv"])
