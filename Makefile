@@ -64,9 +64,10 @@ test-all: env
 	python -m pytest -q tests
 
 # Two workers, a file each at a time, as `test`: the documents' commands (one file, ~35 minutes)
-# run beside the other slow files (~45 minutes one after another on 2 cores).
+# run beside the other slow files (~45 minutes one after another on 2 cores). The slowest ten
+# are listed at the end: CI's budget is watched from its own log.
 test-slow: env
-	python -m pytest -q -n 2 --dist loadfile -m slow tests
+	python -m pytest -q -n 2 --dist loadfile -m slow --durations=10 tests
 
 # The measured tables of README.md and docs/, rewritten from the committed metrics/*.json
 # (tests/test_docs.py fails while a document and the metrics disagree).
