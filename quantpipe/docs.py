@@ -617,6 +617,8 @@ def ort_threads_table(record: dict) -> str:
                      describe_profile(prof, ops=4).split(" (", 1)[-1].rstrip(")")])
     out += [f"ONNX Runtime's kernel time at {machine['cores']} threads, batch {largest}:", "",
             *markdown_table(["file", "session options", "kernel time", "by op type"], rows)]
+    if "node_scaling" in record:
+        out += ["", *node_scaling_table(record["node_scaling"], machine["cores"], largest)]
     vino = record.get("openvino")
     if vino:
         bs = f"bs{largest}"
@@ -629,10 +631,31 @@ def ort_threads_table(record: dict) -> str:
     return "\n".join(out)
 
 
+def node_scaling_table(scaling: dict[str, dict], cores: int, batch: int) -> list[str]:
+    """scripts/ort_threads.py's per-node profiles: each file's nodes at 1 thread and at all cores
+    and the ratio (how much each layer's kernel gains from the cores; below 1 it loses)."""
+    rows = []
+    for model, _ in _threads_rows({"bench": scaling}):
+        one, many = (scaling[model][k] for k in ("threads1", f"threads{cores}"))
+        times = [{n["node"]: n for n in p["top_nodes"]} for p in (one, many)]
+        # Nodes with 2% of the time at either count: one that loses time with the cores too.
+        nodes = sorted({name for t in times for name, n in t.items() if n["share"] >= 0.02},
+                       key=lambda name: -times[0].get(name, {"ms": 0.0})["ms"])
+        for name in nodes:
+            a, b = (t.get(name) for t in times)
+            op = (a or b)["op"]
+            rows.append([model, f"{name} ({op})", *(f"{n['ms']:.3f} ms" if n else "—" for n in (a, b)),
+                         f"x{a['ms'] / b['ms']:.2f}" if a and b and b["ms"] else "—"])
+    return [f"Each node's kernel time at 1 thread and at {cores} threads, batch {batch} (bench's "
+            "session options; each file's nodes with 2% or more of its time at either):", "",
+            *markdown_table(["file", "node (op type)", "1 thread", f"{cores} threads",
+                             "gain from the cores"], rows)]
+
+
 def _threads_rows(by_option: dict[str, dict]) -> list[tuple[str, str]]:
     """(file, options) pairs of scripts/ort_threads.py's record, by file as the script lists
     them (FP32, then quantpipe's static first), then by option."""
-    order = ("fp32", "static", "static_nhwc_flatten", "qoperator", "zero_points")
+    order = ("fp32", "static", "static_nhwc_flatten", "first_layer_float", "qoperator", "zero_points")
     options = ("bench", "spinning", "block_base_4")
     pairs = {(m, o) for o, models in by_option.items() for m in models}
     rank = lambda name, names: names.index(name) if name in names else len(names)  # noqa: E731

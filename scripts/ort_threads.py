@@ -11,10 +11,13 @@ interleaved rounds (quantpipe.bench), under three sets of session options:
   convolutions in NHWC and transposes back to NCHW before a Flatten; with a Transpose of our
   own and the classifier's weight rows permuted, its transpose optimizer cancels the pair); the
   same calibration written as QOperator; S8 weights with zero points (per tensor: im2col and
-  MLAS's u8s8 GEMM, AMX where the CPU has it).
+  MLAS's u8s8 GEMM, AMX where the CPU has it); the first layer left in float (ORT's INT8
+  convolution splits each image into blocks of at least 64K multiply-adds and runs the images
+  of a batch one after another: a first convolution on one channel has few blocks per image).
 - Session options: quantpipe bench's (workers stop spinning after each run), ONNX Runtime's
   defaults (they spin), and a dynamic block base of 4 (ORT's finer split of parallel loops).
-- At all cores, batch 64: ONNX Runtime's profile of each file, time per op type.
+- At all cores, batch 64: ONNX Runtime's profile of each file, time per op type; and each
+  node's kernel time at 1 thread and at all cores (bench's options): which layers scale.
 - Where OpenVINO is installed: the static file and its NHWC-flatten rewrite on OpenVINO too (one
   file serves both runtimes: a rewrite that helps one must not cost the other).
 
@@ -41,7 +44,7 @@ from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 from quantpipe import bench, data, onnxutil, profiling
 from quantpipe import machine as machines
 from quantpipe.engines import graph
-from quantpipe.engines.ort_static import CalibrationReader
+from quantpipe.engines.ort_static import CalibrationReader, first_and_last
 from quantpipe.io import write_json
 from quantpipe.schemas.bench import BenchParams
 
@@ -52,6 +55,7 @@ OPTIONS = {"bench": {"session.force_spinning_stop": "1"},
            "spinning": {},
            "block_base_4": {"session.force_spinning_stop": "1", "session.dynamic_block_base": "4"}}
 PROFILE_RUNS = 20
+SCALING_NODES = 12  # the nodes kept per file and thread count in the per-node scaling (by time)
 
 
 def session(path: Path, threads: int, config: dict, profile_prefix: str | None = None):
@@ -114,7 +118,7 @@ def _next_gemm(node: onnx.NodeProto, readers: dict) -> onnx.NodeProto | None:
 
 
 def int8_files(fp32: Path, static: Path, calib: np.ndarray, info, workdir: Path) -> dict[str, Path]:
-    """The INT8 files compared: quantpipe's, and the three others (module docstring)."""
+    """The INT8 files compared: quantpipe's, and the four others (module docstring)."""
     files = {"static": static}
     fp32_model = onnx.shape_inference.infer_shapes(onnx.load(str(fp32)))
     shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
@@ -126,9 +130,12 @@ def int8_files(fp32: Path, static: Path, calib: np.ndarray, info, workdir: Path)
     name = fp32_model.graph.input[0].name
     pre = workdir / "preprocessed.onnx"
     graph.preprocess(fp32, pre)  # as quantpipe's engine does before quantize_static
+    first_layer = first_and_last(onnx.load(str(pre)), ())[:1]
     for label, kwargs in (("qoperator", {"quant_format": QuantFormat.QOperator, "per_channel": True}),
                           ("zero_points", {"quant_format": QuantFormat.QDQ, "per_channel": False,
-                                           "extra_options": {"WeightSymmetric": False}})):
+                                           "extra_options": {"WeightSymmetric": False}}),
+                          ("first_layer_float", {"quant_format": QuantFormat.QDQ, "per_channel": True,
+                                                 "nodes_to_exclude": first_layer})):
         out = workdir / f"{label}.onnx"
         quantize_static(str(pre), str(out), CalibrationReader(calib, info, name, 32),
                         activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, **kwargs)
@@ -156,22 +163,28 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         calib = data.load_split(project / "data/prepared", "train").x[:256]
         files = int8_files(fp32, project / "models/static.onnx", calib, info, Path(tmp))
+        models = {"fp32": fp32, **files}
+        largest = bench.batch_of(x, max(p.batch_sizes))
         latency, profiles = {}, {}
         for option, config in OPTIONS.items():
-            models = {"fp32": fp32, **files}
             grid = bench.latency_grid(
                 lambda count: {m: onnxutil.session_runner(session(path, count, config))
                                for m, path in models.items()},
                 x, threads, p, desc=f"ort_threads {option}")
             latency[option] = {m: bench.rows_against(grid, m, "fp32") for m in models}
-            largest = bench.batch_of(x, max(p.batch_sizes))
             profiles[option] = {
                 m: profiling.kernel_profile(session(path, cores, config, f"{tmp}/{option}_{m}"),
                                             largest, runs=PROFILE_RUNS)
                 for m, path in models.items()}
+        # Which layers scale: each node at 1 thread and at all cores, bench's options.
+        scaling = {m: {f"threads{c}": profiling.kernel_profile(
+                           session(path, c, OPTIONS["bench"], f"{tmp}/scaling{c}_{m}"), largest,
+                           runs=PROFILE_RUNS, top=SCALING_NODES)
+                       for c in dict.fromkeys((1, cores))}
+                   for m, path in models.items()}
         openvino = _openvino(files, x, threads, p)
     record = {"machine": probe, "threads": list(threads), "batch_sizes": list(p.batch_sizes),
-              "options": OPTIONS, "latency": latency, "profile": profiles,
+              "options": OPTIONS, "latency": latency, "profile": profiles, "node_scaling": scaling,
               **({"openvino": openvino} if openvino else {})}
     out = args.out or project / "metrics/ort_threads.json"
     write_json(out, record)

@@ -45,3 +45,26 @@ def test_flatten_nhwc_keeps_the_outputs_and_drops_the_transpose_before_the_class
     # with the rewrite only the first is left.
     assert before.count("Transpose") == 2 and after.count("Transpose") == 1
     assert after.index("Reshape") > after.index("NhwcMaxPool")
+
+
+def test_first_layer_float_leaves_only_the_first_convolution_in_float(tiny_run, tmp_path):
+    repo, _ = tiny_run
+    info = ort_threads.data.load_info(repo / "data/prepared")
+    split = ort_threads.data.load_split(repo / "data/prepared", "train")
+    files = ort_threads.int8_files(repo / "models/fp32.onnx", repo / "models/static.onnx",
+                                   split.x[:64], info, tmp_path)
+    model = onnx.load(str(files["first_layer_float"]))
+    producers = ort_threads.graph.producers(model)
+    layers = [n for n in model.graph.node if n.op_type in ("Conv", "Gemm", "MatMul")]
+    weights_from = [producers[n.input[1]].op_type if n.input[1] in producers else "initializer"
+                    for n in layers]
+    assert layers[0].op_type == "Conv" and weights_from[0] == "initializer"
+    assert len(layers) >= 2 and set(weights_from[1:]) == {"DequantizeLinear"}
+    # The same calibration otherwise: on the test split it classifies as static.onnx does.
+    x = ort_threads.data.Normalized(ort_threads.data.load_split(repo / "data/prepared", "test").x, info)
+    batch = ort_threads.bench.batch_of(x, 64)
+    labels = []
+    for p in (repo / "models/static.onnx", files["first_layer_float"]):
+        s = ort.InferenceSession(str(p), providers=["CPUExecutionProvider"])
+        labels.append(s.run(None, {s.get_inputs()[0].name: batch})[0].argmax(1))
+    assert (labels[0] == labels[1]).mean() >= 0.95
