@@ -54,7 +54,7 @@ repro: env
 
 # `slow` tests (every torchvision family end to end; the Dask sweeps: S3, a killed worker, a
 # re-submission; the forced re-run's identical bytes; detection folders; every documented
-# command) are left to test-all and test-slow (CI runs both).
+# command) are left to test-all and test-slow (run by hand before a change lands; CI runs `test`).
 # Two pytest workers (pytest-xdist), one test file each at a time: most of a test's time is one
 # single-threaded stage process, so both cores work (~15 minutes instead of ~20).
 test: env
@@ -63,9 +63,8 @@ test: env
 test-all: env
 	python -m pytest -q tests
 
-# Two workers, a file each at a time, as `test`: the documents' commands (one file, ~35 minutes)
-# run beside the other slow files (~45 minutes one after another on 2 cores). The slowest ten
-# are listed at the end: CI's budget is watched from its own log.
+# Two workers, a file each at a time, as `test`: the documents' commands (one file, about an
+# hour: the longest) run beside the other slow files. The slowest ten are listed at the end.
 test-slow: env
 	python -m pytest -q -n 2 --dist loadfile -m slow --durations=10 tests
 

@@ -20,7 +20,7 @@ How the slow test runs a block, as a user would with small data:
 - each `dvc exp run` from the committed params.yaml, as the documents present each as one
   command from a checkout (an exact command an earlier block ran is not run twice); after
   `quantpipe init`, the small params are merged into the params.yaml it wrote; `make test` and
-  its kin are checked with `make -n` (they are the command that runs this test: .ci/run);
+  its kin are checked with `make -n` (they are the commands that run this test);
 - a block under `<!-- docs-test: continues -->` runs in the copy the block before it left;
 - queued experiments must all succeed before the block counts as run.
 """

@@ -112,7 +112,7 @@ def shown(repo: Path) -> dict[str, dict]:
     return {exp["name"]: exp["revs"][0]["data"] for exp in base.get("experiments") or []}
 
 
-# Slow (make test-slow, CI): with the baseline run it adds over a minute to `make test`.
+# Slow (make test-slow): with the baseline run it adds over a minute to `make test`.
 @pytest.mark.slow
 def test_sweep_on_s3_reports_a_failing_experiment_and_finishes_the_others(baseline, tmp_path,
                                                                          s3_endpoint):
