@@ -55,7 +55,7 @@ OPTIONS = {"bench": {"session.force_spinning_stop": "1"},
            "spinning": {},
            "block_base_4": {"session.force_spinning_stop": "1", "session.dynamic_block_base": "4"}}
 PROFILE_RUNS = 20
-SCALING_NODES = 12  # the nodes kept per file and thread count in the per-node scaling (by time)
+SCALING_NODES = 12  # the nodes each profile keeps (by time): the per-node scaling reads them
 
 
 def session(path: Path, threads: int, config: dict, profile_prefix: str | None = None):
@@ -174,13 +174,14 @@ def main() -> int:
             latency[option] = {m: bench.rows_against(grid, m, "fp32") for m in models}
             profiles[option] = {
                 m: profiling.kernel_profile(session(path, cores, config, f"{tmp}/{option}_{m}"),
-                                            largest, runs=PROFILE_RUNS)
+                                            largest, runs=PROFILE_RUNS, top=SCALING_NODES)
                 for m, path in models.items()}
-        # Which layers scale: each node at 1 thread and at all cores, bench's options.
-        scaling = {m: {f"threads{c}": profiling.kernel_profile(
-                           session(path, c, OPTIONS["bench"], f"{tmp}/scaling{c}_{m}"), largest,
-                           runs=PROFILE_RUNS, top=SCALING_NODES)
-                       for c in dict.fromkeys((1, cores))}
+        # Which layers scale: each node at 1 thread beside its all-cores profile above (bench's
+        # options).
+        scaling = {m: {"threads1": profiling.kernel_profile(
+                           session(path, 1, OPTIONS["bench"], f"{tmp}/scaling_{m}"), largest,
+                           runs=PROFILE_RUNS, top=SCALING_NODES) if cores > 1 else profiles["bench"][m],
+                       f"threads{cores}": profiles["bench"][m]}
                    for m, path in models.items()}
         openvino = _openvino(files, x, threads, p)
     record = {"machine": probe, "threads": list(threads), "batch_sizes": list(p.batch_sizes),
