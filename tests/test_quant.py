@@ -630,6 +630,41 @@ def test_entropy_calibration_reaches_the_histogram_bins(fp32_path, tmp_path, cal
     assert same == pytest.approx(minmax, rel=0.02)
 
 
+@pytest.mark.parametrize("num_bins, num_quantized_bins", [(2048, 128), (512, 128), (257, 64)])
+def test_entropy_thresholds_are_ort_s_own(num_bins, num_quantized_bins):
+    """quantpipe's Entropy collector chooses, tensor by tensor, the very thresholds ORT's
+    HistogramCollector chooses, on histograms ORT collected: dense, sparse (ReLU zeros), heavy
+    tailed, grown by merging a wider batch, one that is all zeros but its last bin."""
+    from onnxruntime.quantization.calibrate import HistogramCollector
+
+    from quantpipe.engines.entropy import EntropyCollector
+
+    rng = np.random.default_rng(0)
+    batches = [{"normal": rng.normal(0, 1, 4000).astype(np.float32),
+                "relu": np.maximum(rng.normal(0, 1, 4000), 0).astype(np.float32),
+                "tailed": rng.standard_t(2, 4000).astype(np.float32),
+                "spike": np.r_[np.zeros(3999), 7.0].astype(np.float32)},
+               {"normal": rng.normal(0, 3, 4000).astype(np.float32),  # a wider range: merged
+                "relu": np.maximum(rng.normal(0, 1, 4000), 0).astype(np.float32),
+                "tailed": rng.standard_t(2, 4000).astype(np.float32),
+                "spike": np.zeros(4000, np.float32)}]
+    results = []
+    for kind in HistogramCollector, EntropyCollector:
+        collector = kind(method="entropy", symmetric=False, num_bins=num_bins,
+                         num_quantized_bins=num_quantized_bins, percentile=99.999,
+                         scenario="same")
+        for batch in batches:
+            collector.collect({name: [value] for name, value in batch.items()})
+        results.append(collector.compute_collection_result())
+    theirs, ours = results
+    assert theirs.keys() == ours.keys()
+    for name in theirs:
+        assert [np.asarray(v).tolist() for v in ours[name]] == \
+            [np.asarray(v).tolist() for v in theirs[name]], name
+    # not all the full range: the search chose something
+    assert any(theirs[n][1] < theirs[n][3][-1] for n in theirs)
+
+
 def test_strided_calibration_reads_every_slice(fp32_path, tmp_path, calib, info):
     reader = _reader(calib, info)
     reader.set_range(4, 9)

@@ -144,6 +144,8 @@ def calibrate(pre_path: Path, reader: CalibrationReader, p: QuantizeStaticParams
     from onnxruntime.quantization.calibrate import (TensorData, create_calibrator,
                                                     save_tensors_data)
 
+    from quantpipe.engines.entropy import EntropyCollector
+
     options = {**extra, **p.extra_options}
     names = {"CalibTensorRangeSymmetric": "symmetric", "CalibMovingAverage": "moving_average",
              "CalibMovingAverageConstant": "averaging_constant",
@@ -158,6 +160,11 @@ def calibrate(pre_path: Path, reader: CalibrationReader, p: QuantizeStaticParams
             pre_path, list(p.op_types_to_quantize) or None,
             augmented_model_path=str(Path(tmp) / "augmented.onnx"),
             calibrate_method=p.calibrate_method, extra_options=args)
+        if p.calibrate_method == CalibrationMethod.Entropy:  # ORT's thresholds, faster
+            calibrator.collector = EntropyCollector(
+                method=calibrator.method, symmetric=calibrator.symmetric,
+                num_bins=calibrator.num_bins, num_quantized_bins=calibrator.num_quantized_bins,
+                percentile=calibrator.percentile, scenario=calibrator.scenario)
         stride = options.get("CalibStridedMinMax")
         reader.rewind()
         try:
@@ -397,6 +404,8 @@ def cached_ranges(outputs: dict[str, list[np.ndarray]], method: CalibrationMetho
     from onnxruntime.quantization.calibrate import (HistogramCollector, TensorsData,
                                                     save_tensors_data)
 
+    from quantpipe.engines.entropy import EntropyCollector
+
     # create_calibrator's defaults: only Percentile is symmetric unless the user says.
     symmetric = bool(p.extra_options.get("CalibTensorRangeSymmetric",
                                          method == CalibrationMethod.Percentile))
@@ -410,7 +419,8 @@ def cached_ranges(outputs: dict[str, list[np.ndarray]], method: CalibrationMetho
             ranges[name] = (np.array(low), np.array(high))
         data = TensorsData(method, ranges)
     else:
-        collector = HistogramCollector(
+        kind = EntropyCollector if method == CalibrationMethod.Entropy else HistogramCollector
+        collector = kind(
             method=method.name.lower(), symmetric=symmetric, num_bins=p.calib_num_bins,
             num_quantized_bins=p.calib_num_quantized_bins,
             percentile=p.extra_options.get("CalibPercentile", 99.999), scenario="same")
