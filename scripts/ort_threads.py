@@ -177,11 +177,12 @@ def main() -> int:
                                             largest, runs=PROFILE_RUNS, top=SCALING_NODES)
                 for m, path in models.items()}
         # Which layers scale: each node at 1 thread beside its all-cores profile above (bench's
-        # options).
-        scaling = {m: {"threads1": profiling.kernel_profile(
+        # options; on one core that profile is the 1-thread one).
+        all_cores = profiles["bench"]
+        scaling = {m: {"threads1": all_cores[m] if cores == 1 else profiling.kernel_profile(
                            session(path, 1, OPTIONS["bench"], f"{tmp}/scaling_{m}"), largest,
-                           runs=PROFILE_RUNS, top=SCALING_NODES) if cores > 1 else profiles["bench"][m],
-                       f"threads{cores}": profiles["bench"][m]}
+                           runs=PROFILE_RUNS, top=SCALING_NODES),
+                       f"threads{cores}": all_cores[m]}
                    for m, path in models.items()}
         openvino = _openvino(files, x, threads, p)
     record = {"machine": probe, "threads": list(threads), "batch_sizes": list(p.batch_sizes),

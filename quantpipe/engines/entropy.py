@@ -50,8 +50,8 @@ class EntropyCollector(HistogramCollector):
             quantized = sliced[:whole].reshape(num_quantized_bins, merged).sum(axis=1)
             quantized[-1] += sliced[whole:].sum()
             norm = nonzeros[:whole].reshape(num_quantized_bins, merged).sum(axis=1)
-            spread = np.zeros(num_quantized_bins)
-            spread[norm != 0] = quantized[norm != 0] / norm[norm != 0]
+            spread, counted = np.zeros(num_quantized_bins), norm != 0
+            spread[counted] = quantized[counted] / norm[counted]
             q = np.zeros(p.size, dtype=np.int64)
             q[:whole] = np.repeat(spread, merged)
             p, q = smooth_distribution(p), smooth_distribution(q)
