@@ -63,10 +63,12 @@ def pack(project: Path, out: Path, runtimes: list[str], packages: list[str],
     params = yaml.safe_load((project / "params.yaml").read_text())
     params["bench"]["runtimes"] = runtimes
     models = [project / f"models/{v}.onnx" for v in VARIANTS if v != "bf16"]
-    for required in ("fp32", "static"):
-        if not (project / f"models/{required}.onnx").exists():
-            raise SystemExit(f"{project / 'models' / required}.onnx is missing: run `make repro` "
-                             "first (the bundle carries the pipeline's model files)")
+    # Every variant's file, or the target would bench fewer rows than the pipeline has without a
+    # word (an empty qat.onnx is its stage's "skipped" and stays skipped there).
+    for m in models:
+        if not m.exists():
+            raise SystemExit(f"{m} is missing: run `make repro` (or `dvc pull`) first; the bundle "
+                             "carries every model file of the pipeline")
     with tempfile.TemporaryDirectory() as tmp:
         wheel_dir = Path(tmp) / "wheels"
         wheel_dir.mkdir()

@@ -98,3 +98,21 @@ def test_run_never_replaces_a_directory_that_holds_no_earlier_bundle(tmp_path):
     assert proc.stderr.strip().splitlines()[-1] == (
         f"--target local:{target}: {target} exists and holds no earlier bundle; name a new directory")
     assert (target / "data.txt").read_text() == "keep"
+
+
+def test_pack_stops_on_a_missing_model_file_and_writes_no_bundle(tmp_path):
+    """A pipeline not reproduced in full (dynamic.onnx absent) is not packed into a bundle that
+    would bench fewer variants there: one line naming the file, no bundle."""
+    (tmp_path / "models").mkdir()
+    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
+    for variant in ("fp32", "static", "qat"):
+        (tmp_path / f"models/{variant}.onnx").write_bytes(b"")
+    bundle = tmp_path / "bundle.tar.gz"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--project", str(tmp_path), "pack",
+                           str(bundle), "--runtimes", "onnxruntime"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines() == [
+        f"{tmp_path / 'models/dynamic.onnx'} is missing: run `make repro` (or `dvc pull`) first; "
+        "the bundle carries every model file of the pipeline"]
+    assert not bundle.exists() and not list(tmp_path.glob("bundle*"))
