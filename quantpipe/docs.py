@@ -38,7 +38,6 @@ from pathlib import Path
 
 import yaml
 
-from quantpipe import pictures
 from quantpipe.machine import describe
 from quantpipe.profiling import describe_profile
 # report.md's table layout, settings as words and score keys
@@ -784,6 +783,10 @@ def main() -> int:
             stale.append(path)
             if not args.check:
                 path.write_text(new)
+    # Here, not at the top: the measuring scripts print their tables with this module on machines
+    # that may lack matplotlib (scripts/remote_bench.py's target runs scripts/ort_threads.py).
+    from quantpipe import pictures
+
     drawn = []
     for path, data in pictures.render(args.root).items():
         if not path.exists() or path.read_bytes() != data:

@@ -13,8 +13,9 @@ this machine's, named by the machine.json it records there:
 target will have), models/*.onnx, the test split (data/prepared) and wheels of this
 environment's versions of the packages the bench imports (--packages; pip download for the
 target's Python, --with-deps for a bare one). There, a pinned package the target lacks or has in
-another version is installed from them into a virtualenv that sees the target's own packages
-(its torch, onnx, numpy), so both machines run the same ONNX Runtime. `run` unpacks the bundle on the
+another version is installed from them into the bundle's site/, put first on the stages'
+PYTHONPATH so they see the target's own packages too (its torch, onnx, numpy), and both machines
+run the same ONNX Runtime. `run` unpacks the bundle on the
 target, runs `remote_bench.py target` there (stages.machine, then stages.evaluate and stages.bench for
 every variant, and scripts/ort_threads.py) and collects what it wrote; `collect` does the last step for results brought back by
 other means (a machine reached through a batch system: unpack the bundle there, run
@@ -45,10 +46,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MACHINES = Path("metrics/machines")
 VARIANTS = ("fp32", "dynamic", "static", "qat", "bf16")
-# What stages.machine and stages.bench import: import name -> distribution (pip) name; and
-# openvino, when bench.runtimes names it.
+# What the target's stages import (stages.evaluate's task code imports torch): import name ->
+# distribution (pip) name; and openvino, when bench.runtimes names it.
 NEEDS = {"numpy": "numpy", "onnx": "onnx", "onnxruntime": "onnxruntime", "yaml": "pyyaml",
-         "tqdm": "tqdm"}
+         "tqdm": "tqdm", "torch": "torch"}
 
 
 # --- here: pack -------------------------------------------------------------------------------
@@ -125,21 +126,7 @@ def target(out: Path, python: str) -> None:
     wheels/, then stages.machine, stages.evaluate and stages.bench of every variant and
     scripts/ort_threads.py, into `out`."""
     here = Path.cwd()
-    pins = (here / "wheels/requirements.txt").read_text().split()
-    differ = [pin for pin in pins if _installed(python, pin.split("==")[0]) != pin.split("==")[1]]
-    if differ:
-        venv = here / ".venv"
-        subprocess.run([python, "-m", "venv", "--system-site-packages", str(venv)], check=True)
-        python = str(venv / "bin/python")
-        subprocess.run([python, "-m", "pip", "install", "--disable-pip-version-check", "-q",
-                        "--no-index", "--find-links", str(here / "wheels"), *differ], check=True)
-        print(f"installed from the bundle's wheels: {', '.join(differ)}", flush=True)
-    missing = [m for m in NEEDS if not _importable(python, m)]
-    if missing:
-        raise SystemExit(f"this Python ({python}) lacks {', '.join(missing)}: pack the bundle "
-                         f"with --packages {' '.join(NEEDS[m] for m in missing)} (--with-deps "
-                         "for a Python that has nothing)")
-    env = {**os.environ, "PYTHONPATH": str(here)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, environment(here, python)))}
     out.mkdir(parents=True, exist_ok=True)
     machine = out / "machine.json"
     subprocess.run([python, "-m", "stages.machine", "--out", str(machine)], check=True, env=env)
@@ -162,16 +149,57 @@ def target(out: Path, python: str) -> None:
                     "-o", str(out / "ort_threads.json")], check=True, env=env)
 
 
-def _installed(python: str, dist: str) -> str | None:
-    """The version of distribution `dist` that `python` has, or None."""
+def environment(here: Path, python: str) -> list[Path]:
+    """PYTHONPATH for the bundle's code on `python`: the bundle itself, after site/ where the
+    wheels of every carried package it lacks or has in another version are installed (and of
+    any dependency packed with --with-deps that it lacks). A folder first on the path rather
+    than a virtualenv: one made from a virtualenv's Python (the device machine's python3 is one,
+    holding torch, numpy and onnx) sees the base interpreter's packages, not that virtualenv's."""
+    site = here / "site"
+    pins = {_normal(dist): version for dist, version in
+            (pin.split("==") for pin in (here / "wheels/requirements.txt").read_text().split())}
+    wheels = {_normal(w.name.split("-")[0]): w for w in (here / "wheels").glob("*.whl")}
+    wanted = [w for dist, w in wheels.items()
+              if dist in pins and _installed(python, dist) != pins[dist]
+              or dist not in pins and _installed(python, dist) is None]
+    path = [site, here] if wanted else [here]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, path))}
+    if wanted:
+        shutil.rmtree(site, ignore_errors=True)
+        subprocess.run([python, "-m", "pip", "install", "--disable-pip-version-check", "-q",
+                        "--no-index", "--no-deps", "--target", str(site), *map(str, wanted)],
+                       check=True)
+        print(f"installed from the bundle's wheels: {', '.join(w.name for w in wanted)}", flush=True)
+    imported = {dist: _installed(python, dist, env) for dist in pins}
+    shadowed = [f"{dist} {imported[dist]} (carried {version})"
+                for dist, version in pins.items() if imported[dist] != version]
+    if shadowed:
+        raise SystemExit(f"this Python ({python}) still imports {', '.join(shadowed)}: "
+                         "check its site-packages and PYTHONPATH")
+    missing = [m for m in NEEDS if not _importable(python, m, env)]
+    if missing:
+        raise SystemExit(f"this Python ({python}) lacks {', '.join(missing)}: pack the bundle "
+                         f"with --packages {' '.join(NEEDS[m] for m in missing)} (--with-deps "
+                         "for a Python that has nothing)")
+    return path
+
+
+def _normal(dist: str) -> str:
+    """A distribution's name as pip compares them (PyYAML, pyyaml; typing_extensions, -)."""
+    return re.sub(r"[-_.]+", "-", dist).lower()
+
+
+def _installed(python: str, dist: str, env: dict | None = None) -> str | None:
+    """The version of distribution `dist` that `python` imports (under env), or None."""
     code = (f"import importlib.metadata as m\ntry: print(m.version({dist!r}))\n"
             "except m.PackageNotFoundError: pass")
-    out = subprocess.run([python, "-c", code], capture_output=True, text=True).stdout.strip()
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, env=env).stdout.strip()
     return out or None
 
 
-def _importable(python: str, module: str) -> bool:
-    return subprocess.run([python, "-c", f"import {module}"], capture_output=True).returncode == 0
+def _importable(python: str, module: str, env: dict) -> bool:
+    return subprocess.run([python, "-c", f"import {module}"], capture_output=True,
+                          env=env).returncode == 0
 
 
 # --- here: run there, collect -----------------------------------------------------------------

@@ -4,8 +4,10 @@ without ssh), bring the JSON back into metrics/machines/<name>/ with that machin
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -116,3 +118,50 @@ def test_pack_stops_on_a_missing_model_file_and_writes_no_bundle(tmp_path):
         f"{tmp_path / 'models/dynamic.onnx'} is missing: run `make repro` (or `dvc pull`) first; "
         "the bundle carries every model file of the pipeline"]
     assert not bundle.exists() and not list(tmp_path.glob("bundle*"))
+
+
+def _wheel(folder: Path, dist: str, version: str, module: str) -> Path:
+    """A pure-Python wheel of `dist` at `version` whose `module` says its version: made here,
+    nothing downloaded."""
+    import base64
+    import hashlib
+    import zipfile
+
+    info = f"{dist}-{version}.dist-info"
+    files = {f"{module}/__init__.py": f"__version__ = {version!r}\n",
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = "".join(
+        f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},"
+        f"{len(text.encode())}\n" for name, text in files.items()) + f"{info}/RECORD,,\n"
+    path = folder / f"{dist}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for name, text in {**files, f"{info}/RECORD": record}.items():
+            z.writestr(name, text)
+    return path
+
+
+def test_carried_wheels_shadow_the_targets_versions_and_keep_its_other_packages(tmp_path):
+    """On the target a carried package of another version than the target's is installed where
+    the stages import it first, and everything else the target's Python has stays importable:
+    the device machine's python3 is itself a virtualenv (a virtualenv made from it sees the
+    base interpreter's packages, not its numpy, onnx and torch). A carried dependency the target
+    lacks (--with-deps) is installed too; one it has is not."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _wheel(wheels, "tqdm", "0.0.1", "tqdm")  # this Python has another tqdm
+    _wheel(wheels, "qp_probe_dep", "1.0", "qp_probe_dep")  # a dependency it lacks
+    (wheels / "requirements.txt").write_text("tqdm==0.0.1\n")
+    path = remote_bench.environment(tmp_path, sys.executable)
+    assert path == [tmp_path / "site", tmp_path]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, path))}
+    code = ("import importlib.metadata as m, tqdm, qp_probe_dep, numpy, onnx, onnxruntime, torch\n"
+            "print(tqdm.__version__, m.version('tqdm'), qp_probe_dep.__version__)")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-1500:]
+    assert out.stdout.split() == ["0.0.1", "0.0.1", "1.0"]
+    # A bundle whose pins this Python already has installs nothing and adds no folder.
+    (wheels / "requirements.txt").write_text(f"numpy=={importlib.metadata.version('numpy')}\n")
+    for wheel in wheels.glob("*.whl"):
+        wheel.unlink()
+    assert remote_bench.environment(tmp_path, sys.executable) == [tmp_path]
