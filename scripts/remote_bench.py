@@ -10,9 +10,10 @@ this machine's, named by the machine.json it records there:
     make docs                                     # docs/results.md: a table per machine
 
 `pack` takes the code (quantpipe/, stages/), params.yaml (bench.runtimes narrowed to what the
-target will have), models/*.onnx, the test split (data/prepared) and wheels of this
+target will have, and any --set bench.KEY=VALUE), models/*.onnx, the test split (data/prepared) and wheels of this
 environment's versions of the packages the bench imports (--packages; pip download for the
-target's Python, --with-deps for a bare one). There, a pinned package the target lacks or has in
+target's Python, --with-deps for a bare one; --wheel carries a wheel file as it is, a build of
+your own). There, a pinned package the target lacks or has in
 another version is installed from them into the bundle's site/, put first on the stages'
 PYTHONPATH so they see the target's own packages too (its torch, onnx, numpy), and both machines
 run the same ONNX Runtime. `run` unpacks the bundle on the
@@ -55,7 +56,8 @@ NEEDS = {"numpy": "numpy", "onnx": "onnx", "onnxruntime": "onnxruntime", "yaml":
 # --- here: pack -------------------------------------------------------------------------------
 
 def pack(project: Path, out: Path, runtimes: list[str], packages: list[str],
-         python_version: str | None, with_deps: bool) -> Path:
+         python_version: str | None, with_deps: bool, wheels: list[Path] = (),
+         settings: list[str] = ()) -> Path:
     """The bundle: a .tar.gz whose root holds remote_bench.py, quantpipe/, stages/,
     params.yaml, models/, data/prepared/ (the test split) and wheels/ (with requirements.txt,
     the pins the target must match)."""
@@ -63,6 +65,7 @@ def pack(project: Path, out: Path, runtimes: list[str], packages: list[str],
 
     params = yaml.safe_load((project / "params.yaml").read_text())
     params["bench"]["runtimes"] = runtimes
+    params["bench"].update(bench_settings(params, settings))
     models = [project / f"models/{v}.onnx" for v in VARIANTS if v != "bf16"]
     # Every variant's file, or the target would bench fewer rows than the pipeline has without a
     # word (an empty qat.onnx is its stage's "skipped" and stays skipped there).
@@ -74,22 +77,29 @@ def pack(project: Path, out: Path, runtimes: list[str], packages: list[str],
         wheel_dir = Path(tmp) / "wheels"
         wheel_dir.mkdir()
         pins = [f"{dist}=={importlib.metadata.version(dist)}" for dist in packages]
+        for wheel in wheels:  # carried as they are (a build of your own), pinned to their version
+            if not wheel.is_file() or wheel.suffix != ".whl":
+                raise SystemExit(f"--wheel {wheel}: not a wheel file")
+            shutil.copy(wheel, wheel_dir / wheel.name)
+        pins += [f"{_normal(w.name.split('-')[0])}=={w.name.split('-')[1]}" for w in wheels]
         (wheel_dir / "requirements.txt").write_text("".join(f"{pin}\n" for pin in pins))
-        if pins:
+        if packages:
             if not python_version:
                 raise SystemExit("--packages needs --python-version: the target's Python, which "
                                  "the wheels are downloaded for")
-            download(wheel_dir, pins, python_version, with_deps)
+            download(wheel_dir, pins[:len(packages)], python_version, with_deps)
         out.parent.mkdir(parents=True, exist_ok=True)
         partial = out.with_name(out.name + ".partial")
         with tarfile.open(partial, "w:gz") as tar:
             tar.add(__file__, "remote_bench.py")
             for package in ("quantpipe", "stages"):
                 tar.add(project / package, package, filter=_source_only)
-            info = tarfile.TarInfo("params.yaml")
-            text = yaml.safe_dump(params, sort_keys=False).encode()
-            info.size = len(text)
-            tar.addfile(info, io.BytesIO(text))
+            # bundle.json: what the target checks before it starts, read without yaml.
+            for name, text in (("params.yaml", yaml.safe_dump(params, sort_keys=False)),
+                               ("bundle.json", json.dumps({"runtimes": runtimes}) + "\n")):
+                info = tarfile.TarInfo(name)
+                info.size = len(text.encode())
+                tar.addfile(info, io.BytesIO(text.encode()))
             for m in models:
                 if m.exists() and m.stat().st_size:  # qat.onnx is empty when its stage skipped
                     tar.add(m, f"models/{m.name}")
@@ -102,6 +112,31 @@ def pack(project: Path, out: Path, runtimes: list[str], packages: list[str],
     print(f"packed {out} ({out.stat().st_size / 2**20:.1f} MiB; bench.runtimes {runtimes}; "
           f"wheels: {', '.join(carried) or 'none'})")
     return out
+
+
+def bench_settings(params: dict, settings: list[str]) -> dict:
+    """--set bench.KEY=VALUE (VALUE as YAML) for the target's bench only, checked as params.yaml
+    is (a bigger machine measures more thread counts and stream configurations: fewer runs
+    or a shorter bench.max_seconds bound its time)."""
+    import yaml
+
+    from quantpipe.errors import UserError
+    from quantpipe.params import section
+    from quantpipe.schemas.bench import BenchParams
+
+    changed = {}
+    for setting in settings:
+        key, eq, value = setting.partition("=")
+        name = key.removeprefix("bench.")
+        if not eq or not key.startswith("bench.") or not name or name == "runtimes":
+            raise SystemExit(f"--set {setting}: expected bench.KEY=VALUE, a bench param other "
+                             "than runtimes (--runtimes names those)")
+        changed[name] = yaml.safe_load(value)
+    try:
+        section(BenchParams, {"bench": {**params["bench"], **changed}}, "--set")
+    except UserError as e:
+        raise SystemExit(str(e)) from None
+    return changed
 
 
 def _source_only(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
@@ -126,7 +161,7 @@ def target(out: Path, python: str) -> None:
     wheels/, then stages.machine, stages.evaluate and stages.bench of every variant and
     scripts/ort_threads.py, into `out`."""
     here = Path.cwd()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, environment(here, python)))}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(environment(here, python))}
     out.mkdir(parents=True, exist_ok=True)
     machine = out / "machine.json"
     subprocess.run([python, "-m", "stages.machine", "--out", str(machine)], check=True, env=env)
@@ -149,12 +184,13 @@ def target(out: Path, python: str) -> None:
                     "-o", str(out / "ort_threads.json")], check=True, env=env)
 
 
-def environment(here: Path, python: str) -> list[Path]:
+def environment(here: Path, python: str) -> list[str]:
     """PYTHONPATH for the bundle's code on `python`: the bundle itself, after site/ where the
     wheels of every carried package it lacks or has in another version are installed (and of
-    any dependency packed with --with-deps that it lacks). A folder first on the path rather
-    than a virtualenv: one made from a virtualenv's Python (the device machine's python3 is one,
-    holding torch, numpy and onnx) sees the base interpreter's packages, not that virtualenv's."""
+    any dependency packed with --with-deps that it lacks), before the PYTHONPATH the target
+    already had. A folder first on the path rather than a virtualenv: one made from a
+    virtualenv's Python (the device machine's python3 is one, holding torch, numpy and onnx)
+    sees the base interpreter's packages, not that virtualenv's."""
     site = here / "site"
     pins = {_normal(dist): version for dist, version in
             (pin.split("==") for pin in (here / "wheels/requirements.txt").read_text().split())}
@@ -162,8 +198,9 @@ def environment(here: Path, python: str) -> list[Path]:
     wanted = [w for dist, w in wheels.items()
               if dist in pins and _installed(python, dist) != pins[dist]
               or dist not in pins and _installed(python, dist) is None]
-    path = [site, here] if wanted else [here]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, path))}
+    path = [*([str(site)] if wanted else []), str(here),
+            *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     if wanted:
         shutil.rmtree(site, ignore_errors=True)
         subprocess.run([python, "-m", "pip", "install", "--disable-pip-version-check", "-q",
@@ -176,10 +213,12 @@ def environment(here: Path, python: str) -> list[Path]:
     if shadowed:
         raise SystemExit(f"this Python ({python}) still imports {', '.join(shadowed)}: "
                          "check its site-packages and PYTHONPATH")
-    missing = [m for m in NEEDS if not _importable(python, m, env)]
+    runtimes = json.loads((here / "bundle.json").read_text())["runtimes"]
+    needs = {**NEEDS, **({"openvino": "openvino"} if "openvino" in runtimes else {})}
+    missing = [m for m in needs if not _importable(python, m, env)]
     if missing:
         raise SystemExit(f"this Python ({python}) lacks {', '.join(missing)}: pack the bundle "
-                         f"with --packages {' '.join(NEEDS[m] for m in missing)} (--with-deps "
+                         f"with --packages {' '.join(needs[m] for m in missing)} (--with-deps "
                          "for a Python that has nothing)")
     return path
 
@@ -301,6 +340,12 @@ def main() -> int:
     p.add_argument("--packages", nargs="*", default=[],
                    help="distributions to carry as wheels of this environment's versions "
                         "(e.g. onnxruntime pyyaml tqdm openvino)")
+    p.add_argument("--wheel", type=Path, action="append", default=[], dest="wheels",
+                   help="a wheel file to carry as it is (a build of your own, for the target's "
+                        "Python and platform); repeatable")
+    p.add_argument("--set", action="append", default=[], dest="settings", metavar="bench.KEY=VALUE",
+                   help="a bench param for the target (VALUE as YAML, e.g. bench.max_seconds=2); "
+                        "repeatable")
     p.add_argument("--python-version", help="the target's Python (3.12): the wheels are for it")
     p.add_argument("--with-deps", action="store_true", help="their dependencies too (a bare Python)")
     r = sub.add_parser("run", help="unpack the bundle on a target, bench there, collect")
@@ -314,7 +359,8 @@ def main() -> int:
     args = parser.parse_args()
     project = args.project.resolve()
     if args.command == "pack":
-        pack(project, args.out, args.runtimes, args.packages, args.python_version, args.with_deps)
+        pack(project, args.out, args.runtimes, args.packages, args.python_version, args.with_deps,
+             args.wheels, args.settings)
     elif args.command == "run":
         run(project, args.bundle, args.target, args.python)
     elif args.command == "target":

@@ -14,6 +14,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import copy_project
 
 from quantpipe.machine import probe
@@ -152,9 +153,10 @@ def test_carried_wheels_shadow_the_targets_versions_and_keep_its_other_packages(
     _wheel(wheels, "tqdm", "0.0.1", "tqdm")  # this Python has another tqdm
     _wheel(wheels, "qp_probe_dep", "1.0", "qp_probe_dep")  # a dependency it lacks
     (wheels / "requirements.txt").write_text("tqdm==0.0.1\n")
+    (tmp_path / "bundle.json").write_text('{"runtimes": ["onnxruntime"]}')
     path = remote_bench.environment(tmp_path, sys.executable)
-    assert path == [tmp_path / "site", tmp_path]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, path))}
+    assert path[:2] == [str(tmp_path / "site"), str(tmp_path)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     code = ("import importlib.metadata as m, tqdm, qp_probe_dep, numpy, onnx, onnxruntime, torch\n"
             "print(tqdm.__version__, m.version('tqdm'), qp_probe_dep.__version__)")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
@@ -164,4 +166,55 @@ def test_carried_wheels_shadow_the_targets_versions_and_keep_its_other_packages(
     (wheels / "requirements.txt").write_text(f"numpy=={importlib.metadata.version('numpy')}\n")
     for wheel in wheels.glob("*.whl"):
         wheel.unlink()
-    assert remote_bench.environment(tmp_path, sys.executable) == [tmp_path]
+    assert remote_bench.environment(tmp_path, sys.executable)[0] == str(tmp_path)
+
+
+def test_a_wheel_of_your_own_travels_as_it_is_and_the_target_checks_its_runtimes(collected, tmp_path):
+    """pack --wheel carries a wheel file unchanged, pinned to its version; the target refuses
+    to start, in one line, when a runtime of bench.runtimes cannot be imported there."""
+    project = collected[0]
+    wheel = _wheel(tmp_path, "tqdm", "0.0.1", "tqdm")
+    bundle = tmp_path / "own.tar.gz"
+    _script("--project", str(project), "pack", str(bundle), "--runtimes", "onnxruntime",
+            "openvino", "--wheel", str(wheel), cwd=tmp_path)
+    there = tmp_path / "there"
+    with tarfile.open(bundle) as tar:
+        assert tar.extractfile(f"wheels/{wheel.name}").read() == wheel.read_bytes()
+        tar.extractall(there, filter="data")
+    assert (there / "wheels/requirements.txt").read_text() == "tqdm==0.0.1\n"
+    assert (json.loads((there / "bundle.json").read_text())["runtimes"]
+            == ["onnxruntime", "openvino"])
+    path = remote_bench.environment(there, sys.executable)  # this Python has openvino
+    assert path[:2] == [str(there / "site"), str(there)]
+    # The target's own PYTHONPATH is kept (after the bundle's): here it hides openvino, as on a
+    # Python without it.
+    hide = tmp_path / "hide"
+    (hide / "openvino").mkdir(parents=True)
+    (hide / "openvino/__init__.py").write_text("raise ImportError('hidden')\n")
+    proc = subprocess.run([sys.executable, str(SCRIPT), "target", "--out", str(tmp_path / "out")],
+                          cwd=there, env={**os.environ, "PYTHONPATH": str(hide)},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and not (tmp_path / "out").exists()
+    assert proc.stderr.strip().splitlines()[-1].endswith(
+        "lacks openvino: pack the bundle with --packages openvino (--with-deps for a Python that "
+        "has nothing)")
+
+
+def test_bench_params_set_for_the_target_are_checked_as_params_yaml_is(collected, tmp_path):
+    """pack --set bench.KEY=VALUE changes the target's bench only, validated like params.yaml;
+    a bad one is one line and no bundle."""
+    project = collected[0]
+    bundle = tmp_path / "set.tar.gz"
+    _script("--project", str(project), "pack", str(bundle), "--runtimes", "onnxruntime",
+            "--set", "bench.max_seconds=2", "--set", "bench.runs=150", cwd=tmp_path)
+    with tarfile.open(bundle) as tar:
+        bench = yaml.safe_load(tar.extractfile("params.yaml"))["bench"]
+    assert (bench["max_seconds"], bench["runs"], bench["runtimes"]) == (2, 150, ["onnxruntime"])
+    for setting, says in [("bench.runs=0", "--set: bench.runs = 0 is not allowed"),
+                          ("bench.max_second=2", "unknown key bench.max_second"),
+                          ("train.epochs=1", "--set train.epochs=1: expected bench.KEY=VALUE")]:
+        proc = subprocess.run([sys.executable, str(SCRIPT), "--project", str(project), "pack",
+                               str(tmp_path / "bad.tar.gz"), "--set", setting], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert says in proc.stderr and not list(tmp_path.glob("bad*"))
