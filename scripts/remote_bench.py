@@ -10,16 +10,16 @@ this machine's, named by the machine.json it records there:
     make docs                                     # docs/results.md: a table per machine
 
 `pack` takes the code (quantpipe/, stages/), params.yaml (bench.runtimes narrowed to what the
-target will have, and any --set bench.KEY=VALUE), models/*.onnx, the test split (data/prepared) and wheels of this
-environment's versions of the packages the bench imports (--packages; pip download for the
-target's Python, --with-deps for a bare one; --wheel carries a wheel file as it is, a build of
-your own). There, a pinned package the target lacks or has in
-another version is installed from them into the bundle's site/, put first on the stages'
-PYTHONPATH so they see the target's own packages too (its torch, onnx, numpy), and both machines
-run the same ONNX Runtime. `run` unpacks the bundle on the
-target, runs `remote_bench.py target` there (stages.machine, then stages.evaluate and stages.bench for
-every variant, and scripts/ort_threads.py) and collects what it wrote; `collect` does the last step for results brought back by
-other means (a machine reached through a batch system: unpack the bundle there, run
+target will have, and any --set bench.KEY=VALUE), models/*.onnx, the test split (data/prepared)
+and wheels of this environment's versions of the packages the bench imports (--packages; pip
+download for the target's Python, --with-deps for a bare one; --wheel carries a wheel file as it
+is, a build of your own). There, a pinned package the target lacks or has in another version is
+installed from them into the bundle's site/, put first on the stages' PYTHONPATH so they see the
+target's own packages too (its torch, onnx, numpy), and both machines run the same ONNX Runtime.
+`run` unpacks the bundle on the target, runs `remote_bench.py target` there (stages.machine, then
+stages.evaluate and stages.bench for every variant, and scripts/ort_threads.py) and collects what
+it wrote; `collect` does the last step for results brought back by other means (a machine
+reached through a batch system: unpack the bundle there, run
 `python3 remote_bench.py target --out results`, `tar czf results.tar.gz results`).
 
 Collected into metrics/machines/<cpu>-<cores>c/: machine.json, eval/ and bench/<variant>.json
@@ -206,7 +206,8 @@ def environment(here: Path, python: str) -> list[str]:
         subprocess.run([python, "-m", "pip", "install", "--disable-pip-version-check", "-q",
                         "--no-index", "--no-deps", "--target", str(site), *map(str, wanted)],
                        check=True)
-        print(f"installed from the bundle's wheels: {', '.join(w.name for w in wanted)}", flush=True)
+        print(f"installed from the bundle's wheels: {', '.join(w.name for w in wanted)}",
+              flush=True)
     imported = {dist: _installed(python, dist, env) for dist in pins}
     shadowed = [f"{dist} {imported[dist]} (carried {version})"
                 for dist, version in pins.items() if imported[dist] != version]
@@ -232,7 +233,8 @@ def _installed(python: str, dist: str, env: dict | None = None) -> str | None:
     """The version of distribution `dist` that `python` imports (under env), or None."""
     code = (f"import importlib.metadata as m\ntry: print(m.version({dist!r}))\n"
             "except m.PackageNotFoundError: pass")
-    out = subprocess.run([python, "-c", code], capture_output=True, text=True, env=env).stdout.strip()
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True,
+                         env=env).stdout.strip()
     return out or None
 
 
