@@ -81,7 +81,7 @@ def pack(project: Path, out: Path, runtimes: list[str], packages: list[str],
             if not wheel.is_file() or wheel.suffix != ".whl":
                 raise SystemExit(f"--wheel {wheel}: not a wheel file")
             shutil.copy(wheel, wheel_dir / wheel.name)
-        pins += [f"{_normal(w.name.split('-')[0])}=={w.name.split('-')[1]}" for w in wheels]
+        pins += ["==".join(_wheel_name(w)) for w in wheels]
         (wheel_dir / "requirements.txt").write_text("".join(f"{pin}\n" for pin in pins))
         if packages:
             if not python_version:
@@ -107,7 +107,7 @@ def pack(project: Path, out: Path, runtimes: list[str], packages: list[str],
             # ONNX Runtime's INT8 against FP32 per thread count, file layout and session options.
             tar.add(Path(__file__).with_name("ort_threads.py"), "scripts/ort_threads.py")
             tar.add(wheel_dir, "wheels")
-        carried = sorted(w.name.split("-")[0] for w in wheel_dir.glob("*.whl"))
+        carried = sorted(_wheel_name(w)[0] for w in wheel_dir.glob("*.whl"))
         partial.rename(out)
     print(f"packed {out} ({out.stat().st_size / 2**20:.1f} MiB; bench.runtimes {runtimes}; "
           f"wheels: {', '.join(carried) or 'none'})")
@@ -194,7 +194,7 @@ def environment(here: Path, python: str) -> list[str]:
     site = here / "site"
     pins = {_normal(dist): version for dist, version in
             (pin.split("==") for pin in (here / "wheels/requirements.txt").read_text().split())}
-    wheels = {_normal(w.name.split("-")[0]): w for w in (here / "wheels").glob("*.whl")}
+    wheels = {_wheel_name(w)[0]: w for w in (here / "wheels").glob("*.whl")}
     wanted = [w for dist, w in wheels.items()
               if dist in pins and _installed(python, dist) != pins[dist]
               or dist not in pins and _installed(python, dist) is None]
@@ -222,6 +222,12 @@ def environment(here: Path, python: str) -> list[str]:
                          f"with --packages {' '.join(needs[m] for m in missing)} (--with-deps "
                          "for a Python that has nothing)")
     return path
+
+
+def _wheel_name(wheel: Path) -> tuple[str, str]:
+    """(distribution, version) of a wheel file, from its name (name-version[-build]-tags.whl)."""
+    dist, version = wheel.name.split("-")[:2]
+    return _normal(dist), version
 
 
 def _normal(dist: str) -> str:
