@@ -627,7 +627,24 @@ def ort_threads_table(record: dict) -> str:
         out += ["", f"The same static file and its NHWC-flatten rewrite on OpenVINO, batch {largest} "
                 "(p50; the rewrite against static in the same rounds):", "",
                 *markdown_table(["file", *[f"{c} thread{'s' * (c != 1)}" for c in counts]], rows)]
+    if "batch_split" in record:
+        out += ["", *batch_split_table(record["batch_split"], machine["cores"], largest)]
     return "\n".join(out)
+
+
+def batch_split_table(split: dict, cores: int, batch: int) -> list[str]:
+    """scripts/ort_threads.py's batch split: one session, a logic stream per slice of the batch,
+    against static and FP32 at all cores in the same rounds, and the threads that ran its nodes."""
+    lat = split["latency"]
+    rows = [[m, _ms(lat[m]["p50_ms"]), _ms(lat[m]["p99_ms"]),
+             "—" if m == "fp32" else _x(lat["fp32"]["p50_ms"] / lat[m]["p50_ms"])] for m in lat]
+    threads = split["node_threads"]
+    return [f"One session with the batch of {batch} cut into {split['parts']} slices, each a logic "
+            f"stream of ONNX Runtime's parallel executor ({split['inter_op_threads']} inter-op "
+            f"threads, {split['intra_op_threads']} intra-op thread{'s' * (split['intra_op_threads'] != 1)} "
+            f"each), against static and FP32 at {cores} threads in the same rounds; its nodes ran on "
+            f"{threads} thread{'s' * (threads != 1)} (ORT's profile):", "",
+            *markdown_table(["file", "p50", "p99", "speedup over FP32"], rows)]
 
 
 def node_scaling_table(scaling: dict[str, dict], cores: int, batch: int) -> list[str]:
@@ -661,20 +678,22 @@ def _threads_rows(by_option: dict[str, dict]) -> list[tuple[str, str]]:
     return sorted(pairs, key=lambda mo: (rank(mo[0], order), mo[0], rank(mo[1], options), mo[1]))
 
 
-def machine_tables(machines: list[tuple[str, dict, dict | None]]) -> str:
+def machine_tables(machines: list[tuple[str, dict, dict | None, dict | None]], root: Path) -> str:
     """A section per machine: INT8's speedup over FP32 at every thread count benched (each
     runtime; the largest and the smallest batch), what is recommended with its tail, the server
     configuration and, when it ran there, scripts/ort_threads.py's tables. machines: (where its
-    files are, summary.json, ort_threads.json or None)."""
+    files are, summary.json, ort_threads.json or None, models.json or None); root: the project,
+    whose dvc.lock names the model files of its own metrics."""
     out = []
-    for where, summary, threads in machines:
+    locked = locked_models(root)
+    for where, summary, threads, files in machines:
         machine = summary["machine"]
         sizes = _sizes(summary)
         counts = sorted(int(k.removeprefix("threads")) for k in summary["fp32"]["by_threads"])
         titles = summary["runtimes"]
         reference = next(iter(titles))
         out += [f"### {machine['cpu']}, {machine['cores']} cores (`{where}`)", "",
-                f"Measured on {describe(machine)}.", ""]
+                f"Measured on {describe(machine)}.{_files_note(files, locked)}", ""]
         for bs in dict.fromkeys((sizes[-1], sizes[0])):
             rows = []
             for v in ("fp32", "dynamic", "static", "qat", "bf16"):
@@ -714,6 +733,25 @@ def machine_tables(machines: list[tuple[str, dict, dict | None]]) -> str:
     return "\n".join(out).rstrip()
 
 
+def locked_models(root: Path) -> dict[str, str]:
+    """models/<name>.onnx -> the md5 dvc.lock records for it."""
+    lock = root / "dvc.lock"
+    stages = (yaml.safe_load(lock.read_text()) or {}).get("stages", {}) if lock.exists() else {}
+    return {Path(o["path"]).name: o.get("md5") for stage in stages.values()
+            for o in stage.get("outs", []) if re.fullmatch(r"models/[^/]+\.onnx", o["path"])}
+
+
+def _files_note(files: dict[str, str] | None, locked: dict[str, str]) -> str:
+    """Which model files another machine measured (scripts/remote_bench.py's models.json: name
+    -> md5), against dvc.lock's."""
+    if files is None:
+        return ""
+    if files and all(locked.get(name) == md5 for name, md5 in files.items()):
+        return " The model files of `dvc.lock`."
+    return (" Other model files than `dvc.lock`'s (the pipeline re-run where they were packed, on"
+            " another CPU: training differs across CPUs); accuracy and speedups are of those files.")
+
+
 def render(name: str, root: Path) -> str:
     read = lambda rel: json.loads((root / rel).read_text())  # noqa: E731
     if name in ONE_FILE_BLOCKS:
@@ -735,11 +773,11 @@ def render(name: str, root: Path) -> str:
     if name == "machines":
         # This machine's ort_threads tables are docs/runtimes.md's; another's are its section's.
         others = [p.parent for p in sorted((root / "metrics/machines").glob("*/summary.json"))]
+        optional = lambda path: json.loads(path.read_text()) if path.exists() else None  # noqa: E731
         return machine_tables(
-            [("metrics/summary.json", read("metrics/summary.json"), None)]
+            [("metrics/summary.json", read("metrics/summary.json"), None, None)]
             + [(f"{d.relative_to(root)}/", json.loads((d / "summary.json").read_text()),
-                json.loads((d / "ort_threads.json").read_text()) if (d / "ort_threads.json").exists() else None)
-               for d in others])
+                optional(d / "ort_threads.json"), optional(d / "models.json")) for d in others], root)
     if name == "yolo_peer":
         path = root / "metrics/yolo_peer.json"
         return yolo_peer_table(read("metrics/yolo_peer.json") if path.exists() else {})

@@ -20,6 +20,10 @@ interleaved rounds (quantpipe.bench), under three sets of session options:
   node's kernel time at 1 thread and at all cores (bench's options): which layers scale.
 - Where OpenVINO is installed: the static file and its NHWC-flatten rewrite on OpenVINO too (one
   file serves both runtimes: a rewrite that helps one must not cost the other).
+- Whether one session can run the images of a batch on several cores at once (what its INT8
+  convolution does not do): static.onnx with the batch cut into slices, a copy of the graph per
+  slice, each slice a logic stream of ONNX Runtime's parallel executor (inter-op threads), timed
+  against static and FP32 at all cores; ORT's profile says how many threads ran the nodes.
 
 Standalone beside the pipeline (onnx, onnxruntime, numpy and quantpipe): run it where you
 deploy, or on a bigger machine with scripts/remote_bench.py (its target runs this too).
@@ -31,6 +35,9 @@ deploy, or on a bigger machine with scripts/remote_bench.py (its target runs thi
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -117,6 +124,97 @@ def _next_gemm(node: onnx.NodeProto, readers: dict) -> onnx.NodeProto | None:
     return None
 
 
+def split_batch(model: onnx.ModelProto, parts: int, batch: int) -> onnx.ModelProto:
+    """The same function on a batch of `batch` images cut into `parts` equal slices: a copy of
+    the graph per slice (its nodes and tensors named <name>__b<i>, the weights shared), a Split
+    before the copies and a Concat of each output after them. For graphs without subgraphs."""
+    g = model.graph
+    shared = {i.name for i in g.initializer} | {""}
+    source = g.input[0].name
+    slices = [f"{source}__b{i}" for i in range(parts)]
+    sizes = numpy_helper.from_array(np.full(parts, batch // parts, np.int64), "batch_split_sizes")
+    nodes = [helper.make_node("Split", [source, sizes.name], slices, axis=0, name="batch_split")]
+    for i in range(parts):
+        def renamed(tensor: str, i: int = i) -> str:
+            return tensor if tensor in shared else slices[i] if tensor == source else f"{tensor}__b{i}"
+        for k, node in enumerate(g.node):
+            copy = onnx.NodeProto()
+            copy.CopyFrom(node)
+            copy.name = f"{node.name or node.op_type + str(k)}__b{i}"
+            copy.input[:] = [renamed(t) for t in node.input]
+            copy.output[:] = [renamed(t) for t in node.output]
+            nodes.append(copy)
+    nodes += [helper.make_node("Concat", [f"{o.name}__b{i}" for i in range(parts)], [o.name],
+                               axis=0, name=f"batch_concat_{o.name}") for o in g.output]
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.node[:], out.graph.value_info[:]
+    out.graph.node.extend(nodes)
+    out.graph.initializer.append(sizes)
+    return out
+
+
+def parallel_session(path: Path, parts: int, intra: int, streams: Path,
+                     profile_prefix: str | None = None) -> ort.InferenceSession:
+    """ORT's parallel executor: `parts` inter-op threads, `intra` intra-op threads, the node
+    partition (logic streams) read from `streams`; ORT writes its default there when missing."""
+    options = ort.SessionOptions()
+    options.execution_mode = ort.ExecutionMode.ORT_PARALLEL
+    options.inter_op_num_threads, options.intra_op_num_threads = parts, intra
+    options.log_severity_level = 3
+    for key, value in {**OPTIONS["bench"], "session.node_partition_config_file": str(streams)}.items():
+        options.add_session_config_entry(key, value)
+    if profile_prefix is not None:
+        options.enable_profiling, options.profile_file_prefix = True, profile_prefix
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def slice_streams(default: dict, parts: int) -> dict:
+    """ORT's default node partition (one logic stream, the nodes after its optimizations in
+    execution order) as one stream per slice: each node goes to the stream of the last node
+    named after a slice before it (the layout Transposes ORT adds are named after none)."""
+    (order,) = default["streams"]
+    streams: list[list[str]] = [[] for _ in range(parts)]
+    current = 0
+    for node in order:
+        found = re.search(r"__b(\d+)", node)
+        current = int(found.group(1)) if found else current
+        streams[current].append(node)
+    return {**default, "devices": default["devices"] * parts, "streams": streams}
+
+
+def batch_split(fp32: Path, static: Path, x: np.ndarray, cores: int, p: BenchParams,
+                workdir: Path) -> dict | None:
+    """static.onnx with the batch cut into one slice per core (as many as divide both), each
+    slice a logic stream of ORT's parallel executor, against static and FP32 at all cores in
+    the same rounds; node_threads: how many threads ran its nodes (ORT's profile). None when
+    there is one core, or the batch and the cores share no divisor."""
+    parts = math.gcd(len(x), cores)
+    if parts < 2:
+        return None
+    path, streams = workdir / "static_batch_split.onnx", workdir / "streams.json"
+    onnx.save(split_batch(onnx.load(str(static)), parts, len(x)), str(path))
+    streams.unlink(missing_ok=True)
+    parallel_session(path, parts, cores // parts, streams)  # writes ORT's default partition
+    streams.write_text(json.dumps(slice_streams(json.loads(streams.read_text()), parts)))
+    runners = {"fp32": onnxutil.session_runner(session(fp32, cores, OPTIONS["bench"])),
+               "static": onnxutil.session_runner(session(static, cores, OPTIONS["bench"])),
+               "static_batch_split": onnxutil.session_runner(
+                   parallel_session(path, parts, cores // parts, streams))}
+    # The same function, or the timing below compares different work.
+    np.testing.assert_allclose(runners["static_batch_split"](x), runners["static"](x), atol=1e-5)
+    latency = bench.measure(runners, x, warmup=p.warmup, runs=p.runs, rounds=p.rounds,
+                            budget=p.max_seconds)
+    profiled = parallel_session(path, parts, cores // parts, streams, str(workdir / "split"))
+    for _ in range(3):
+        onnxutil.session_runner(profiled)(x)
+    events = json.loads(Path(profiled.end_profiling()).read_text())
+    return {"parts": parts, "inter_op_threads": parts, "intra_op_threads": cores // parts,
+            "logic_streams": parts,
+            "node_threads": len({e["tid"] for e in events if e.get("cat") == "Node"}),
+            "latency": {m: bench.as_dict(lat) for m, lat in latency.items()}}
+
+
 def int8_files(fp32: Path, static: Path, calib: np.ndarray, info, workdir: Path) -> dict[str, Path]:
     """The INT8 files compared: quantpipe's, and the four others (module docstring)."""
     files = {"static": static}
@@ -185,9 +283,11 @@ def main() -> int:
                        f"threads{cores}": all_cores[m]}
                    for m, path in models.items()}
         openvino = _openvino(files, x, threads, p)
+        split = batch_split(fp32, files["static"], largest, cores, p, Path(tmp))
     record = {"machine": probe, "threads": list(threads), "batch_sizes": list(p.batch_sizes),
               "options": OPTIONS, "latency": latency, "profile": profiles, "node_scaling": scaling,
-              **({"openvino": openvino} if openvino else {})}
+              **({"openvino": openvino} if openvino else {}),
+              **({"batch_split": split} if split else {})}
     out = args.out or project / "metrics/ort_threads.json"
     write_json(out, record)
     from quantpipe.docs import ort_threads_table

@@ -24,13 +24,16 @@ reached through a batch system: unpack the bundle there, run
 
 Collected into metrics/machines/<cpu>-<cores>c/: machine.json, eval/ and bench/<variant>.json
 (stages.evaluate and stages.bench there: INT8 accuracy is checked where it runs, as on any new
-machine), and that machine's report by stages.report here (summary.json, report.md, plots/;
-PyTorch eager is not benched there).
+machine), models.json (the md5 of each model file measured: `make docs` says whether they are
+the files of this project's dvc.lock; a pipeline re-run on another CPU trains other files) with
+the quantize stages' records of those files, and that machine's report by stages.report here
+(summary.json, report.md, plots/; PyTorch eager is not benched there).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.metadata
 import io
 import json
@@ -94,15 +97,20 @@ def pack(project: Path, out: Path, runtimes: list[str], packages: list[str],
             tar.add(__file__, "remote_bench.py")
             for package in ("quantpipe", "stages"):
                 tar.add(project / package, package, filter=_source_only)
-            # bundle.json: what the target checks before it starts, read without yaml.
+            # bundle.json: what the target checks before it starts, read without yaml, and the
+            # md5 of each model file (DVC's hash of a file), which the results carry back.
+            carried = {m.name: _md5(m) for m in models if m.stat().st_size}
             for name, text in (("params.yaml", yaml.safe_dump(params, sort_keys=False)),
-                               ("bundle.json", json.dumps({"runtimes": runtimes}) + "\n")):
+                               ("bundle.json", json.dumps({"runtimes": runtimes,
+                                                           "models": carried}) + "\n")):
                 info = tarfile.TarInfo(name)
                 info.size = len(text.encode())
                 tar.addfile(info, io.BytesIO(text.encode()))
             for m in models:
                 if m.exists() and m.stat().st_size:  # qat.onnx is empty when its stage skipped
                     tar.add(m, f"models/{m.name}")
+            for name in ("quantize_static.json", "quantize_qat.json"):  # what made those files
+                tar.add(project / "metrics" / name, f"records/{name}")
             tar.add(project / "data/prepared", "data/prepared")
             # ONNX Runtime's INT8 against FP32 per thread count, file layout and session options.
             tar.add(Path(__file__).with_name("ort_threads.py"), "scripts/ort_threads.py")
@@ -112,6 +120,10 @@ def pack(project: Path, out: Path, runtimes: list[str], packages: list[str],
     print(f"packed {out} ({out.stat().st_size / 2**20:.1f} MiB; bench.runtimes {runtimes}; "
           f"wheels: {', '.join(carried) or 'none'})")
     return out
+
+
+def _md5(path: Path) -> str:
+    return hashlib.md5(path.read_bytes()).hexdigest()
 
 
 def bench_settings(params: dict, settings: list[str]) -> dict:
@@ -163,6 +175,12 @@ def target(out: Path, python: str) -> None:
     here = Path.cwd()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(environment(here, python))}
     out.mkdir(parents=True, exist_ok=True)
+    # Which files these figures are of (`make docs` compares them with dvc.lock's), and what
+    # their quantize stages recorded.
+    models = json.loads((here / "bundle.json").read_text()).get("models", {})
+    (out / "models.json").write_text(json.dumps(models, indent=2) + "\n")
+    for record in (here / "records").glob("*.json"):
+        shutil.copy(record, out / record.name)
     machine = out / "machine.json"
     subprocess.run([python, "-m", "stages.machine", "--out", str(machine)], check=True, env=env)
     # Accuracy too: INT8 kernels differ by instruction set, so it is checked where it runs.
@@ -314,11 +332,14 @@ def collect(project: Path, results: Path) -> Path:
             shutil.copytree(got / folder, dest / folder)
         if (got / "ort_threads.json").exists():
             shutil.copy(got / "ort_threads.json", dest / "ort_threads.json")
-    # What the quantize stages recorded (a static model out of its criterion is never
-    # recommended): the same files there.
-    local = project / "metrics"
-    for name in ("quantize_static.json", "quantize_qat.json"):
-        shutil.copy(local / name, dest / name)
+        # Which files were measured (and what their quantize stages recorded: a static model
+        # out of its criterion is never recommended), from the bundle; older results lack them.
+        for name in ("models.json", "quantize_static.json", "quantize_qat.json"):
+            if (got / name).exists():
+                shutil.copy(got / name, dest / name)
+    for name in ("quantize_static.json", "quantize_qat.json"):  # an older bundle's: this project's
+        if not (dest / name).exists():
+            shutil.copy(project / "metrics" / name, dest / name)
     (dest / "bench/torch.json").write_text(json.dumps(
         {"variant": "torch", "skipped": "PyTorch eager is benched on the pipeline's own machine only"},
         indent=2) + "\n")

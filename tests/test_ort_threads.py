@@ -1,14 +1,22 @@
 """scripts/ort_threads.py: its NHWC-flatten rewrite is the same function, and ONNX Runtime's
-optimizer cancels the Transpose it adds with its own (the point of the rewrite)."""
+optimizer cancels the Transpose it adds with its own (the point of the rewrite); its first-layer
+file leaves only that layer in float; its batch split is the same function, a logic stream per
+slice."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import re
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
+
+from quantpipe import onnxutil
+from quantpipe.docs import batch_split_table
+from quantpipe.schemas.bench import BenchParams
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("ort_threads", ROOT / "scripts/ort_threads.py")
@@ -68,3 +76,30 @@ def test_first_layer_float_leaves_only_the_first_convolution_in_float(tiny_run, 
         s = ort.InferenceSession(str(p), providers=["CPUExecutionProvider"])
         labels.append(s.run(None, {s.get_inputs()[0].name: batch})[0].argmax(1))
     assert (labels[0] == labels[1]).mean() >= 0.95
+
+
+def test_batch_split_is_the_same_function_with_a_logic_stream_per_slice(tiny_run, tmp_path):
+    repo, _ = tiny_run
+    static = repo / "models/static.onnx"
+    x = np.random.default_rng(1).normal(size=(8, 1, 28, 28)).astype(np.float32)
+    path, streams = tmp_path / "split.onnx", tmp_path / "streams.json"
+    onnx.save(ort_threads.split_batch(onnx.load(str(static)), 4, 8), str(path))
+    s = ort.InferenceSession(str(static), providers=["CPUExecutionProvider"])
+    want = s.run(None, {s.get_inputs()[0].name: x})[0]
+    ort_threads.parallel_session(path, 4, 1, streams)  # ORT writes its default partition
+    default = json.loads(streams.read_text())
+    split = ort_threads.slice_streams(default, 4)
+    # Every node in exactly one stream; a stream holds the nodes of one slice (and unnamed ones).
+    assert sorted(n for s in split["streams"] for n in s) == sorted(default["streams"][0])
+    for i, stream in enumerate(split["streams"]):
+        assert {int(m) for n in stream for m in re.findall(r"__b(\d+)", n)} == {i}
+    assert len(split["devices"]) == 4
+    streams.write_text(json.dumps(split))
+    got = onnxutil.session_runner(ort_threads.parallel_session(path, 4, 1, streams))(x)
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    # The measurement and its table, at a few runs.
+    p = BenchParams(batch_sizes=(8,), threads=(2,), warmup=1, runs=4, rounds=2, max_seconds=None)
+    record = ort_threads.batch_split(repo / "models/fp32.onnx", static, x, 2, p, tmp_path)
+    assert record["parts"] == 2 and record["node_threads"] >= 1
+    assert set(record["latency"]) == {"fp32", "static", "static_batch_split"}
+    assert "| static_batch_split |" in "\n".join(batch_split_table(record, 2, 8))

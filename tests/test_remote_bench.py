@@ -17,6 +17,7 @@ import pytest
 import yaml
 from conftest import copy_project
 
+from quantpipe.docs import locked_models, render
 from quantpipe.machine import probe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,7 +52,7 @@ def test_the_bundle_carries_code_models_data_and_narrowed_params(collected):
         params = tar.extractfile("params.yaml").read().decode()
     assert {"remote_bench.py", "params.yaml", "stages/bench.py", "quantpipe/bench.py",
             "models/fp32.onnx", "models/static.onnx", "data/prepared/test_x.npy",
-            "wheels/requirements.txt"} <= names
+            "wheels/requirements.txt", "records/quantize_static.json"} <= names
     assert not any("__pycache__" in n for n in names)
     assert "runtimes:\n  - onnxruntime\n" in params  # what the target will have
 
@@ -82,7 +83,21 @@ def test_the_target_measured_and_the_results_came_back_named_by_its_machine(coll
     # scripts/ort_threads.py ran there too; make docs renders it under that machine.
     threads = json.loads((dest / "ort_threads.json").read_text())
     assert threads["machine"] == machine and "static" in threads["latency"]["bench"]
-
+    # The files measured are the project's dvc.lock's, and the machine's section says so; the
+    # quantize records came with them.
+    files = json.loads((dest / "models.json").read_text())
+    assert files == {n: h for n, h in locked_models(project).items() if n in files}
+    assert {"fp32.onnx", "static.onnx"} <= set(files)
+    assert json.loads((dest / "quantize_static.json").read_text()) == \
+        json.loads((target / "records/quantize_static.json").read_text())
+    section = render("machines", project)
+    assert f"`metrics/machines/{dest.name}/`" in section and "The model files of `dvc.lock`." in section
+    # Other files than dvc.lock's (a pipeline re-run on another CPU): the section says so.
+    (dest / "models.json").write_text(json.dumps({**files, "static.onnx": "0" * 32}))
+    try:
+        assert "Other model files than `dvc.lock`'s" in render("machines", project)
+    finally:
+        (dest / "models.json").write_text(json.dumps(files))
 
 def test_machine_names_are_path_segments():
     assert remote_bench.machine_name({"cpu": "Intel(R) Xeon(R) Platinum 8480+ CPU @ 2.00GHz",
