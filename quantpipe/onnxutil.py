@@ -78,6 +78,27 @@ def check_and_serialize(model: onnx.ModelProto, name: str) -> bytes:
     return model.SerializeToString()
 
 
+def exact_int8_config(cpuinfo: str | None = None) -> dict[str, str]:
+    """ONNX Runtime's session config that keeps INT8 exact on this CPU: empty, except on x86
+    without VNNI (AVX2, or AVX-512 without VNNI), where MLAS's U8S8 kernels add pairs of u8*s8
+    products in 16 bits and saturate: the model then computes something other than its QDQ math
+    (on an AVX2 EPYC the tests' tiny models were off by a tenth of their output range, and the
+    QAT and OpenVINO parity checks failed). `session.x64quantprecision` makes those kernels
+    U8U8, exact, at a speed cost; with VNNI (and off x86) nothing is added, nothing changes."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return {}
+    flags = next((set(line.split(":", 1)[1].split()) for line in cpuinfo.splitlines()
+                  if line.startswith("flags")), set())
+    saturates = "avx2" in flags and not flags & {"avx512_vnni", "avx_vnni"}
+    return {"session.x64quantprecision": "1"} if saturates else {}
+
+
+EXACT_INT8 = exact_int8_config()  # every session make_session builds
+
+
 def make_session(model: Path | str | bytes, *, level: ort.GraphOptimizationLevel,
                  threads: int = 0, profile_prefix: str | None = None,
                  stop_spinning: bool = False, optimized_path: Path | None = None,
@@ -100,7 +121,7 @@ def make_session(model: Path | str | bytes, *, level: ort.GraphOptimizationLevel
     options.log_severity_level = 3  # ORT's warnings about unused initializers are noise here
     if stop_spinning:
         options.add_session_config_entry("session.force_spinning_stop", "1")
-    for key, value in (config or {}).items():
+    for key, value in {**EXACT_INT8, **(config or {})}.items():
         options.add_session_config_entry(key, value)
     if optimized_path is not None:
         options.optimized_model_filepath = str(optimized_path)
@@ -111,6 +132,16 @@ def make_session(model: Path | str | bytes, *, level: ort.GraphOptimizationLevel
     try:
         return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
     except Exception as e:  # ORT's pybind errors (InvalidProtobuf, Fail, ...) share no base class
+        if EXACT_INT8 and (config or {}).get("session.x64quantprecision") != "0" \
+                and "Attempt to replace the existing tensor" in str(e):
+            # ORT's U8U8 rewrite (x64quantprecision) fails on a weight that several nodes
+            # share: such a model runs with the saturating kernels, and says so.
+            warnings.warn("ONNX Runtime cannot make this model's INT8 kernels exact on this CPU "
+                          "(a shared weight); its INT8 sums may saturate", stacklevel=2)
+            exact = {k: v for k, v in (config or {}).items() if k not in EXACT_INT8}
+            return make_session(model, level=level, threads=threads, profile_prefix=profile_prefix,
+                                stop_spinning=stop_spinning, optimized_path=optimized_path,
+                                config={**exact, **{k: "0" for k in EXACT_INT8}})
         name = "the model in memory" if isinstance(model, bytes) else str(model)
         raise UserError(f"{name}: ONNX Runtime cannot load it ({type(e).__name__}: "
                         f"{str(e).splitlines()[0][:200] if str(e) else ''}); re-create it") from None

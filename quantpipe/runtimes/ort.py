@@ -34,7 +34,8 @@ class OnnxRuntime:
 
     def settings(self, path, cores: int) -> dict:
         return {"graph_optimization_level": self.level.name, "inter_op_num_threads": 1,
-                "session.force_spinning_stop": 1}
+                "session.force_spinning_stop": 1,
+                **{k: int(v) for k, v in onnxutil.EXACT_INT8.items()}}
 
     def kernels(self, path, batch, threads: int, cpu_flags: dict) -> list[dict]:
         """The MLAS routine (and instruction set) behind each compute node of the graph ONNX
