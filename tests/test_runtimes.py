@@ -10,7 +10,7 @@ from helpers import TwoConvNet, export_to, info_for, structured_images, trained_
 from onnxruntime import GraphOptimizationLevel
 from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
-from quantpipe import bench, concurrency, data, machine
+from quantpipe import bench, concurrency, data, machine, onnxutil
 from quantpipe.bench import Latency, StreamConfig
 from quantpipe.schemas.bench import BenchParams
 from quantpipe.engines.ort_static import CalibrationReader
@@ -300,6 +300,9 @@ def test_bf16_on_openvino_agrees_with_fp32_and_is_timed_beside_int8(models, runt
     assert static["runtimes"]["onnxruntime"]["reference"] is True
 
 
+@pytest.mark.skipif(bool(onnxutil.EXACT_INT8), reason="x86 without VNNI: ONNX Runtime's exact "
+                    "U8U8 rewrite (session.x64quantprecision) gives the weights zero points, so "
+                    "the graph this kernel table reads is not the VNNI/AMX one it checks")
 def test_each_runtime_names_the_kernels_it_ran(models, runtimes):
     paths, x, _ = models
     here = machine.probe()["cpu_flags"]
