@@ -138,10 +138,9 @@ def make_session(model: Path | str | bytes, *, level: ort.GraphOptimizationLevel
             # share: such a model runs with the saturating kernels, and says so.
             warnings.warn("ONNX Runtime cannot make this model's INT8 kernels exact on this CPU "
                           "(a shared weight); its INT8 sums may saturate", stacklevel=2)
-            exact = {k: v for k, v in (config or {}).items() if k not in EXACT_INT8}
             return make_session(model, level=level, threads=threads, profile_prefix=profile_prefix,
                                 stop_spinning=stop_spinning, optimized_path=optimized_path,
-                                config={**exact, **{k: "0" for k in EXACT_INT8}})
+                                config={**(config or {}), **{k: "0" for k in EXACT_INT8}})
         name = "the model in memory" if isinstance(model, bytes) else str(model)
         raise UserError(f"{name}: ONNX Runtime cannot load it ({type(e).__name__}: "
                         f"{str(e).splitlines()[0][:200] if str(e) else ''}); re-create it") from None

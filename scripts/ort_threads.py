@@ -130,14 +130,13 @@ def split_batch(model: onnx.ModelProto, parts: int, batch: int) -> onnx.ModelPro
     INT8 rewrite on CPUs without VNNI fails on shared weights), a Split before the copies and a
     Concat of each output after them. For graphs without subgraphs."""
     g = model.graph
-    shared = {""}
     source = g.input[0].name
     slices = [f"{source}__b{i}" for i in range(parts)]
     sizes = numpy_helper.from_array(np.full(parts, batch // parts, np.int64), "batch_split_sizes")
     nodes = [helper.make_node("Split", [source, sizes.name], slices, axis=0, name="batch_split")]
     for i in range(parts):
         def renamed(tensor: str, i: int = i) -> str:
-            return tensor if tensor in shared else slices[i] if tensor == source else f"{tensor}__b{i}"
+            return tensor if not tensor else slices[i] if tensor == source else f"{tensor}__b{i}"
         for k, node in enumerate(g.node):
             copy = onnx.NodeProto()
             copy.CopyFrom(node)
