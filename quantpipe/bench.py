@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Callable, Hashable
 
 import numpy as np
+import onnxruntime as ort
 
-from quantpipe import tails
+from quantpipe import onnxutil, tails
 from quantpipe.errors import UserError
 from quantpipe.concurrency import run_concurrently
 from quantpipe.schemas.bench import ALL_CORES, POWERS, BenchParams
@@ -306,19 +307,23 @@ MEMPROBE = Path(__file__).with_name("memprobe.py")
 
 
 def memory_profile(model: Path, input_shape: tuple[int, ...], batch_sizes: tuple[int, ...], *,
-                   threads: int, level_name: str, repeats: int = 3) -> dict:
+                   threads: int, level: ort.GraphOptimizationLevel,
+                   config: dict[str, str] | None = None, repeats: int = 3) -> dict:
     """Peak RSS and session-creation time of a fresh process that loads `model` and runs it,
-    `repeats` processes per batch size (quantpipe/memprobe.py).
+    `repeats` processes per batch size (quantpipe/memprobe.py). Its session takes the `config`
+    entries; by default those a deployed session of `model` sets (onnxutil.exact_int8_config_of).
 
     peak_rss_mb per batch size is the largest of its repeats (a limit must hold every time);
     load_ms and first_run_ms are medians; runtime_rss_mb is the process before any model.
     """
+    if config is None:
+        config = onnxutil.exact_int8_config_of(model, level)
     probes: dict[int, list[dict]] = {}
     for bs in batch_sizes:
         for _ in range(repeats):
             cmd = [sys.executable, str(MEMPROBE), str(model), "--batch", str(bs),
                    "--shape", ",".join(map(str, input_shape)), "--threads", str(threads),
-                   "--level", level_name]
+                   "--level", level.name, "--config", *(f"{k}={v}" for k, v in config.items())]
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
             if proc.returncode != 0:
                 last = (proc.stderr.strip().splitlines() or ["no output"])[-1]

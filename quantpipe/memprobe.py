@@ -1,6 +1,7 @@
 """Memory and start-up cost of one model in a fresh process (run by quantpipe.bench.memory_profile).
 
-    python quantpipe/memprobe.py MODEL.onnx --batch 64 --shape 1,28,28 --threads 2 --level ORT_ENABLE_ALL
+    python quantpipe/memprobe.py MODEL.onnx --batch 64 --shape 1,28,28 --threads 2 --level ORT_ENABLE_ALL \
+        [--config session.x64quantprecision=1 ...]
 
 Prints one JSON object: runtime_rss_mb (Python + numpy + onnxruntime imported, no model),
 load_ms (InferenceSession creation: parse, optimize, allocate weights), first_run_ms (the first
@@ -38,6 +39,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--level", required=True, help="an ort.GraphOptimizationLevel name")
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="session config entries, as the deployed session sets them")
     args = parser.parse_args()
 
     import numpy as np
@@ -49,6 +52,9 @@ def main() -> None:
     options.intra_op_num_threads = args.threads
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
+    for entry in args.config:
+        key, value = entry.split("=", 1)
+        options.add_session_config_entry(key, value)
     start = time.perf_counter()
     session = ort.InferenceSession(args.model, options, providers=["CPUExecutionProvider"])
     load_ms = (time.perf_counter() - start) * 1e3

@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 from collections import Counter
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 import onnx
@@ -78,22 +78,27 @@ def check_and_serialize(model: onnx.ModelProto, name: str) -> bytes:
     return model.SerializeToString()
 
 
-def exact_int8_config(cpuinfo: str | None = None) -> dict[str, str]:
-    """ONNX Runtime's session config that keeps INT8 exact on this CPU: empty, except on x86
-    without VNNI (AVX2, or AVX-512 without VNNI), where MLAS's U8S8 kernels add pairs of u8*s8
-    products in 16 bits and saturate: the model then computes something other than its QDQ math
-    (on an AVX2 EPYC the tests' tiny models were off by a tenth of their output range, and the
-    QAT and OpenVINO parity checks failed). `session.x64quantprecision` makes those kernels
-    U8U8, exact, at a speed cost; with VNNI (and off x86) nothing is added, nothing changes."""
-    if cpuinfo is None:
+EXACT_INT8_KEY = "session.x64quantprecision"
+
+
+def exact_int8_config(flags: Iterable[str] | None = None) -> dict[str, str]:
+    """ONNX Runtime's session config that keeps INT8 exact on a CPU with these ISA flags (as
+    /proc/cpuinfo spells them; this CPU's when None): empty, except on x86 without VNNI (AVX2,
+    or AVX-512 without VNNI), where MLAS's U8S8 kernels add pairs of u8*s8 products in 16 bits
+    and saturate: the model then computes something other than its QDQ math (on an AVX2 EPYC
+    the tests' tiny models were off by a tenth of their output range, and the QAT and OpenVINO
+    parity checks failed). `session.x64quantprecision` makes those kernels U8U8, exact, at a
+    speed cost; with VNNI (and off x86) nothing is added, nothing changes."""
+    if flags is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
         except OSError:
             return {}
-    flags = next((set(line.split(":", 1)[1].split()) for line in cpuinfo.splitlines()
-                  if line.startswith("flags")), set())
+        flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines()
+                      if line.startswith("flags")), [])
+    flags = set(flags)
     saturates = "avx2" in flags and not flags & {"avx512_vnni", "avx_vnni"}
-    return {"session.x64quantprecision": "1"} if saturates else {}
+    return {EXACT_INT8_KEY: "1"} if saturates else {}
 
 
 EXACT_INT8 = exact_int8_config()  # every session make_session builds
@@ -132,7 +137,7 @@ def make_session(model: Path | str | bytes, *, level: ort.GraphOptimizationLevel
     try:
         return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
     except Exception as e:  # ORT's pybind errors (InvalidProtobuf, Fail, ...) share no base class
-        if EXACT_INT8 and (config or {}).get("session.x64quantprecision") != "0" \
+        if EXACT_INT8 and (config or {}).get(EXACT_INT8_KEY) != "0" \
                 and "Attempt to replace the existing tensor" in str(e):
             # ORT's U8U8 rewrite (x64quantprecision) fails on a weight that several nodes
             # share: such a model runs with the saturating kernels, and says so.
@@ -140,11 +145,21 @@ def make_session(model: Path | str | bytes, *, level: ort.GraphOptimizationLevel
                           "(a shared weight); its INT8 sums may saturate", stacklevel=2)
             return make_session(model, level=level, threads=threads, profile_prefix=profile_prefix,
                                 stop_spinning=stop_spinning, optimized_path=optimized_path,
-                                config={**(config or {}), **{k: "0" for k in EXACT_INT8}})
+                                config={**(config or {}), EXACT_INT8_KEY: "0"})
         name = "the model in memory" if isinstance(model, bytes) else str(model)
         raise UserError(f"{name}: ONNX Runtime cannot load it ({type(e).__name__}: "
                         f"{str(e).splitlines()[0][:200] if str(e) else ''}); re-create it") from None
 
+
+
+def exact_int8_config_of(model: Path | str, level: ort.GraphOptimizationLevel) -> dict[str, str]:
+    """EXACT_INT8 as the sessions of `model` take it (what a deployed session must set): empty
+    where the CPU needs nothing, the option off where ORT's rewrite fails on this model
+    (make_session's fallback: a shared weight)."""
+    if not EXACT_INT8:
+        return {}
+    options = make_session(model, level=level).get_session_options()
+    return {key: options.get_session_config_entry(key) for key in EXACT_INT8}
 
 def check_input_matches(session: ort.InferenceSession, input_shape: tuple[int, ...],
                         name: str) -> str:

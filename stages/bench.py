@@ -84,7 +84,7 @@ def main(argv: list[str]) -> None:
            "threads": list(threads), **timings, "kernels": kernels}
     if variant != "bf16":  # the bf16 row runs on another runtime than ORT: these are ORT's
         out["memory"] = bench.memory_profile(models[variant], info.input_shape, p.batch_sizes,
-                                             threads=threads[0], level_name=level.name)
+                                             threads=threads[0], level=level)
         out["kernel_profile"] = profiling.profile_model(models[variant], largest, level=level,
                                                         threads=threads[0], runs=PROFILE_RUNS)
     write_json(args.metrics, out)

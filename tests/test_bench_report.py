@@ -212,7 +212,7 @@ def test_memory_profile_of_a_fresh_process(tmp_path):
     torch.manual_seed(0)
     path = export_to(TwoConvNet().eval(), (1, 12, 12), tmp_path / "m.onnx")
     mem = bench.memory_profile(path, (1, 12, 12), (1, 256), threads=1,
-                               level_name="ORT_ENABLE_ALL", repeats=2)
+                               level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL, repeats=2)
     assert mem["threads"] == 1 and mem["repeats"] == 2
     assert set(mem["peak_rss_mb"]) == set(mem["first_run_ms"]) == {"bs1", "bs256"}
     # Python + numpy + onnxruntime: tens of MB, and a model run only adds to it.
@@ -224,8 +224,17 @@ def test_memory_profile_names_the_model_that_fails(tmp_path):
     bad = tmp_path / "broken.onnx"
     bad.write_bytes(b"not a model")
     with pytest.raises(UserError, match=r"broken\.onnx: the memory probe failed at batch 1"):
-        bench.memory_profile(bad, (1, 12, 12), (1,), threads=1, level_name="ORT_ENABLE_ALL",
-                             repeats=1)
+        bench.memory_profile(bad, (1, 12, 12), (1,), threads=1, level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+                             config={}, repeats=1)
+
+
+def test_memory_profile_sessions_take_the_deployed_config(tmp_path):
+    # The probe's session gets the entries the bench's sessions have (ORT rejects this value).
+    torch.manual_seed(0)
+    path = export_to(TwoConvNet().eval(), (1, 12, 12), tmp_path / "m.onnx")
+    with pytest.raises(UserError, match="stoi"):
+        bench.memory_profile(path, (1, 12, 12), (1,), threads=1, level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+                             config={"session.dynamic_block_base": "abc"}, repeats=1)
 
 
 # --- kernel profile ---------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from helpers import OPSET, ROOT, torch_logits
 from quantpipe import models, onnxutil
@@ -193,6 +193,60 @@ def test_make_session_from_path_and_threads(exported, tmp_path, x):
     assert np.allclose(session.run(None, {"input": x})[0],
                        _session(exported).run(None, {"input": x})[0], atol=1e-5)
 
+
+
+@pytest.mark.parametrize("flags, exact", [
+    ({"avx2"}, True),                                   # AVX2 only: U8S8 sums saturate
+    ({"avx2", "avx512f", "avx512bw"}, True),            # AVX-512 without VNNI: the same
+    ({"avx2", "avx512f", "avx512bw", "avx512_vnni"}, False),
+    ({"avx2", "avx_vnni"}, False),
+    ({"avx2", "avx512_vnni", "amx_int8", "amx_tile"}, False),
+    (set(), False),                                     # not x86 (or flags unknown)
+])
+def test_exact_int8_config_only_where_int8_sums_saturate(flags, exact):
+    assert onnxutil.exact_int8_config(flags) == ({onnxutil.EXACT_INT8_KEY: "1"} if exact else {})
+    # This process's sessions follow this CPU's /proc/cpuinfo.
+    assert onnxutil.EXACT_INT8 == onnxutil.exact_int8_config()
+
+
+def _matmul_integer(tmp_path, nodes: int):
+    """`nodes` MatMulInteger nodes on one U8 input and one S8 weight (shared when nodes > 1),
+    with values whose pairs of u8*s8 products overflow 16 bits, and the exact result."""
+    weight = np.arange(-128, 128, 16, dtype=np.int8).reshape(4, 4)
+    inits = [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(np.array(0, np.int8), "wz"),
+             numpy_helper.from_array(np.array(128, np.uint8), "az")]
+    graph = helper.make_graph(
+        [helper.make_node("MatMulInteger", ["a", "w", "az", "wz"], [f"c{i}"]) for i in range(nodes)],
+        "g", [helper.make_tensor_value_info("a", TensorProto.UINT8, [2, 4])],
+        [helper.make_tensor_value_info(f"c{i}", TensorProto.INT32, [2, 4]) for i in range(nodes)], inits)
+    path = tmp_path / f"matmul{nodes}.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), path)
+    a = np.array([[255, 0, 255, 255], [0, 255, 0, 1]], np.uint8)
+    return path, a, (a.astype(np.int64) - 128) @ weight.astype(np.int64)
+
+
+def test_int8_products_are_exact_on_this_cpu(tmp_path):
+    path, a, exact = _matmul_integer(tmp_path, 1)
+    level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = onnxutil.make_session(path, level=level)
+    assert np.array_equal(session.run(None, {"a": a})[0], exact)
+    assert onnxutil.exact_int8_config_of(path, level) == onnxutil.EXACT_INT8
+
+
+def test_a_shared_weight_falls_back_to_the_default_kernels_with_a_warning(tmp_path):
+    # ORT's U8U8 rewrite fails on a weight two nodes share: the session still loads, warns, and
+    # what a deployed session must set says the option is off.
+    path, a, exact = _matmul_integer(tmp_path, 2)
+    level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if not onnxutil.EXACT_INT8:  # VNNI, AMX or not x86: nothing to rewrite, exact as it is
+        assert all(np.array_equal(c, exact) for c in onnxutil.make_session(path, level=level).run(None, {"a": a}))
+        assert onnxutil.exact_int8_config_of(path, level) == {}
+        return
+    with pytest.warns(UserWarning, match="a shared weight"):
+        session = onnxutil.make_session(path, level=level)
+    assert len(session.run(None, {"a": a})) == 2
+    with pytest.warns(UserWarning, match="a shared weight"):
+        assert onnxutil.exact_int8_config_of(path, level) == {onnxutil.EXACT_INT8_KEY: "0"}
 
 # --- op_counts / max_abs_diff -----------------------------------------------------------------
 

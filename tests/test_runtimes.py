@@ -300,26 +300,59 @@ def test_bf16_on_openvino_agrees_with_fp32_and_is_timed_beside_int8(models, runt
     assert static["runtimes"]["onnxruntime"]["reference"] is True
 
 
-@pytest.mark.skipif(bool(onnxutil.EXACT_INT8), reason="x86 without VNNI: ONNX Runtime's exact "
-                    "U8U8 rewrite (session.x64quantprecision) gives the weights zero points, so "
-                    "the graph this kernel table reads is not the VNNI/AMX one it checks")
+def test_mlas_routine_follows_weight_type_and_zero_points():
+    """MLAS's routine per QLinearConv: symmetric S8 weights take the symmetric convolution (VNNI
+    at best); S8 weights with zero points im2col and the u8s8 GEMM (AMX where it is); U8 weights
+    the u8u8 GEMM, which has no VNNI or AMX kernel (AVX-512BW at best)."""
+    from onnx import TensorProto, helper, numpy_helper as nh
+
+    amx = {"avx2": True, "avx512f": True, "avx512bw": True, "avx512_vnni": True, "amx_int8": True}
+    node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], ["y"])
+    weights = {"s8_symmetric": (np.int8, 0), "s8_zero_points": (np.int8, 3), "u8": (np.uint8, 128)}
+    found = {}
+    for name, (dtype, zero) in weights.items():
+        inits = {"w": nh.from_array(np.ones((4, 1, 3, 3), dtype), "w"),
+                 "wz": nh.from_array(np.full(4, zero, dtype), "wz")}
+        found[name] = ort_runtime.mlas_routine(node, inits, amx)
+    assert found == {"s8_symmetric": ("MLAS symmetric conv", "u8s8", "AVX-512 VNNI"),
+                     "s8_zero_points": ("MLAS im2col + u8s8 GEMM", "u8s8", "AMX-INT8"),
+                     "u8": ("MLAS im2col + u8u8 GEMM", "u8u8", "AVX-512BW")}
+    gemm = helper.make_node("MatMulInteger", ["a", "b"], ["c"])
+    u8 = {"b": nh.from_array(np.ones((4, 4), np.uint8), "b")}
+    assert ort_runtime.mlas_routine(gemm, u8, {"avx2": True}) == ("MLAS u8u8 GEMM", "u8u8", "AVX2")
+    assert ort_runtime.mlas_routine(helper.make_node("Relu", ["a"], ["b"]), {}, amx) is None
+
+
 def test_each_runtime_names_the_kernels_it_ran(models, runtimes):
     paths, x, _ = models
     here = machine.probe()["cpu_flags"]
     batch = bench.batch_of(x, 8)
     ort_kernels = runtimes["onnxruntime"].kernels(paths["static"], batch, 1, here)
     layers = {k["layer"]: k for k in ort_kernels}
-    # quantpipe's scheme (S8 symmetric weights): MLAS's symmetric conv, a VNNI kernel at best.
-    assert layers["QLinearConv"]["kernel"] == "MLAS symmetric conv"
-    assert layers["QLinearConv"]["isa"] == ort_runtime._vnni(here)
-    assert layers["QGemm"]["isa"] == ort_runtime.int8_gemm_isa(here)
-    # The same node on another CPU: the ISA follows the flags (forced both ways).
+    if onnxutil.EXACT_INT8:
+        # x86 without VNNI: every session takes ORT's exact rewrite (S8 weights to U8 with zero
+        # points 128), so the convolution leaves the symmetric kernel for im2col and u8u8.
+        assert (layers["QLinearConv"]["kernel"], layers["QGemm"]["kernel"]) == \
+            ("MLAS im2col + u8u8 GEMM", "MLAS u8u8 GEMM")
+        assert layers["QLinearConv"]["isa"] == layers["QGemm"]["isa"] == ort_runtime.u8u8_gemm_isa(here)
+    else:
+        # quantpipe's scheme (S8 symmetric weights): MLAS's symmetric conv, a VNNI kernel at best.
+        assert layers["QLinearConv"]["kernel"] == "MLAS symmetric conv"
+        assert layers["QLinearConv"]["isa"] == ort_runtime._vnni(here)
+        assert layers["QGemm"]["isa"] == ort_runtime.int8_gemm_isa(here)
+    # The same file on another CPU: the graph and the ISA follow the flags (forced both ways).
     amx = {**here, "amx_int8": True, "avx512_vnni": True}
+    assert {k["layer"]: (k["kernel"], k["isa"])
+            for k in runtimes["onnxruntime"].kernels(paths["static"], batch, 1, amx)} == \
+        {"QLinearConv": ("MLAS symmetric conv", "AVX-512 VNNI"), "QGemm": ("MLAS u8s8 GEMM", "AMX-INT8")}
+    # Forced AVX2 only: the exact option is set, and ORT rewrites the weights where its U8U8 and
+    # U8S8 GEMMs differ on the CPU it runs on (MlasPlatformU8S8Overflow: no VNNI, or AMX).
     no_vnni = {f: f == "avx2" for f in machine.CPU_FLAGS}
-    assert {k["layer"]: k["isa"] for k in runtimes["onnxruntime"].kernels(paths["static"], batch, 1, amx)} == \
-        {"QLinearConv": "AVX-512 VNNI", "QGemm": "AMX-INT8"}
-    assert {k["layer"]: k["isa"] for k in runtimes["onnxruntime"].kernels(paths["static"], batch, 1, no_vnni)} == \
-        {"QLinearConv": "AVX2", "QGemm": "AVX2"}
+    rewrites = here.get("amx_int8") or not (here.get("avx512_vnni") or here.get("avx_vnni"))
+    conv = "MLAS im2col + u8u8 GEMM" if rewrites else "MLAS symmetric conv"
+    assert {k["layer"]: (k["kernel"], k["isa"])
+            for k in runtimes["onnxruntime"].kernels(paths["static"], batch, 1, no_vnni)} == \
+        {"QLinearConv": (conv, "AVX2"), "QGemm": (f"MLAS {'u8u8' if rewrites else 'u8s8'} GEMM", "AVX2")}
     ov_kernels = runtimes["openvino"].kernels(paths["static"], batch, 1, here)
     assert {k["layer"] for k in ov_kernels} >= {"Convolution"}
     assert all(k["precision"] in ("u8", "i8") for k in ov_kernels if k["layer"] == "Convolution")

@@ -35,17 +35,21 @@ class OnnxRuntime:
     def settings(self, path, cores: int) -> dict:
         return {"graph_optimization_level": self.level.name, "inter_op_num_threads": 1,
                 "session.force_spinning_stop": 1,
-                **{k: int(v) for k, v in onnxutil.EXACT_INT8.items()}}
+                **{k: int(v) for k, v in onnxutil.exact_int8_config_of(path, self.level).items()}}
 
     def kernels(self, path, batch, threads: int, cpu_flags: dict) -> list[dict]:
         """The MLAS routine (and instruction set) behind each compute node of the graph ONNX
         Runtime runs for model `path` (base.Runtime.kernels). Its profile names op kernels
         (QLinearConv, QGemm) but not the routine MLAS dispatches to on this CPU; that follows
-        from the node (weight type and zero points) and the CPU flags (mlas_routine)."""
+        from the node (weight type and zero points) and the CPU flags (mlas_routine). The graph
+        is the one ORT runs on a CPU with those flags: on x86 without VNNI, the exact U8U8 one
+        (onnxutil.exact_int8_config)."""
+        on = [flag for flag, has in cpu_flags.items() if has]
+        exact = {onnxutil.EXACT_INT8_KEY: onnxutil.exact_int8_config(on).get(onnxutil.EXACT_INT8_KEY, "0")}
         with tempfile.TemporaryDirectory() as tmp:
             optimized = Path(tmp) / "optimized.onnx"
             onnxutil.make_session(path, level=self.level, threads=threads,
-                                  optimized_path=optimized)
+                                  optimized_path=optimized, config=exact)
             model = onnx.load(str(optimized))
         initializers = {i.name: i for i in model.graph.initializer}
         found: Counter = Counter()
@@ -67,10 +71,7 @@ class OnnxRuntime:
         return [self.runner(path, threads) for _ in range(streams)]
 
 
-# Op types (after ONNX Runtime's graph optimizations) that multiply, by the MLAS routine family
-# they call. Integer GEMMs: MatMulInteger, QGemm, the dynamic MatMuls and ConvInteger (im2col).
-INT8_GEMM_OPS = ("MatMulInteger", "QGemm", "QLinearMatMul", "DynamicQuantizeMatMul",
-                 "MatMulIntegerToFloat", "ConvInteger", "DynamicQuantizeLSTM")
+# Float op types (after ONNX Runtime's graph optimizations) that multiply.
 FLOAT_OPS = ("Conv", "FusedConv", "MatMul", "FusedMatMul", "Gemm", "FusedGemm", "ConvTranspose")
 
 
@@ -82,6 +83,13 @@ def int8_gemm_isa(flags: dict) -> str:
     return _vnni(flags)
 
 
+def u8u8_gemm_isa(flags: dict) -> str:
+    """MLAS's u8u8 GEMM (U8 weights) on this CPU: AVX-512BW or AVX2 multiply-adds on 16-bit
+    products, exact, with no VNNI or AMX kernel (platform.cpp since ONNX Runtime 1.25; only
+    AVX-VNNI-INT8, which quantpipe does not detect, has one)."""
+    return "AVX-512BW" if flags.get("avx512bw") else "AVX2"
+
+
 def _vnni(flags: dict) -> str:
     if flags.get("avx512_vnni"):
         return "AVX-512 VNNI"
@@ -90,20 +98,31 @@ def _vnni(flags: dict) -> str:
     return "AVX-512BW" if flags.get("avx512bw") else "AVX2"
 
 
+# The weight input of each integer op (ONNX and ORT contrib signatures).
+WEIGHT_INPUT = {"QLinearConv": 3, "QGemm": 3, "QLinearMatMul": 3, "MatMulInteger": 1,
+                "DynamicQuantizeMatMul": 1, "MatMulIntegerToFloat": 1, "ConvInteger": 1,
+                "DynamicQuantizeLSTM": 1}
+
+
 def mlas_routine(node: onnx.NodeProto, initializers: dict, flags: dict) -> tuple[str, str, str] | None:
     """(routine, precision, ISA) for a compute node, None for the rest. QLinearConv with signed
     weights whose zero points are all 0 (quantpipe's S8 symmetric scheme) runs MLAS's symmetric
     convolution, which has VNNI kernels but no AMX one; any other QLinearConv runs im2col and
-    the u8s8 GEMM (qlinearconv.cc: TryConvSymPrepack)."""
-    if node.op_type == "QLinearConv":
-        weight, zero_point = (initializers.get(node.input[i]) for i in (3, 5))
+    an integer GEMM (qlinearconv.cc: TryConvSymPrepack). The GEMM is u8s8, or u8u8 where the
+    weights are unsigned (the exact rewrite of session.x64quantprecision on x86 without VNNI)."""
+    if node.op_type in WEIGHT_INPUT:
+        index = WEIGHT_INPUT[node.op_type]
+        weight = initializers.get(node.input[index]) if len(node.input) > index else None
+        unsigned = weight is not None and weight.data_type == onnx.TensorProto.UINT8
+        gemm, isa = ("u8u8", u8u8_gemm_isa(flags)) if unsigned else ("u8s8", int8_gemm_isa(flags))
+        if node.op_type != "QLinearConv":
+            return f"MLAS {gemm} GEMM", gemm, isa
+        zero_point = initializers.get(node.input[5]) if len(node.input) > 5 else None
         symmetric = (weight is not None and weight.data_type == onnx.TensorProto.INT8
                      and zero_point is not None and not numpy_helper.to_array(zero_point).any())
         if symmetric:
             return "MLAS symmetric conv", "u8s8", _vnni(flags)
-        return "MLAS im2col + u8s8 GEMM", "u8", int8_gemm_isa(flags)
-    if node.op_type in INT8_GEMM_OPS:
-        return "MLAS u8s8 GEMM", "u8s8", int8_gemm_isa(flags)
+        return f"MLAS im2col + {gemm} GEMM", gemm, isa
     if node.op_type in FLOAT_OPS:
         # NCHWc convolutions and SGEMM: FMA kernels on the widest vectors.
         nchwc = node.domain.endswith("nchwc")

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from quantpipe import criterion, evaluate, models, onnxutil, representative
+# quantpipe.models (PyTorch: seconds to import) is imported by the methods that train or score
+# in PyTorch only: the stages after export run without it.
+from quantpipe import criterion, evaluate, onnxutil, representative
 from quantpipe.runtimes.base import top1_agreement
 from quantpipe.tasks.base import Evaluation, StaticJudge, Task
 from quantpipe.tasks.classification import ClassificationSpec
@@ -18,24 +20,29 @@ class Classification(ClassificationSpec, Task):
 
     @classmethod
     def zoo(cls) -> tuple[str, ...]:
+        from quantpipe import models
         return models.ZOO
 
     @classmethod
     def has_model(cls, name: str) -> bool:
+        from quantpipe import models
         return name in models.ZOO or name in models.torchvision_names()
 
     @classmethod
     def describe_zoo(cls) -> str:
+        from quantpipe import models
         return (f"{list(models.ZOO)}, a torchvision classification model such as resnet18, "
                 "mobilenet_v2")
 
     def fit(self, model, x_train, train, x_val, val, *, epochs, batch_size, lr, max_shift, seed,
             on_step=None):
+        from quantpipe import models
         return models.train_model(model, x_train, train.y, x_val, val.y, epochs=epochs,
                                   batch_size=batch_size, lr=lr, max_shift=max_shift, seed=seed,
                                   on_step=on_step)
 
     def torch_scores(self, model, x, split) -> dict:
+        from quantpipe import models
         return models.score_classifier(model, x, split.y)
 
     def check_output(self, out: np.ndarray, where: str) -> None:

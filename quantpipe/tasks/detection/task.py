@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from quantpipe import models
+# quantpipe.models (PyTorch: seconds to import) is imported by the methods that train or score
+# in PyTorch only: the stages after export run without it.
 from quantpipe.data import DataInfo, Split
 from quantpipe.detection import coco, post
 from quantpipe.errors import UserError
@@ -136,6 +137,7 @@ class Detection(DetectionSpec, Task):
 
     @classmethod
     def zoo(cls) -> tuple[str, ...]:
+        from quantpipe import models
         return models.DETECTORS
 
     def fit(self, model, x_train, train, x_val, val, *, epochs, batch_size, lr, max_shift, seed,
@@ -149,6 +151,8 @@ class Detection(DetectionSpec, Task):
 
     def torch_scores(self, model, x, split) -> dict:
         import torch
+
+        from quantpipe import models
 
         with torch.no_grad():
             out = models.predict_torch(model, x)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from quantpipe import models, representative
+# quantpipe.models (PyTorch: seconds to import) is imported by the methods that train or score
+# in PyTorch only: the stages after export run without it.
+from quantpipe import representative
 from quantpipe.errors import UserError
 from quantpipe.segmentation import data as seg_data
 from quantpipe.segmentation import metrics
@@ -25,6 +27,7 @@ class Segmentation(SegmentationSpec, Task):
 
     @classmethod
     def zoo(cls) -> tuple[str, ...]:
+        from quantpipe import models
         return models.SEGMENTERS
 
     def fit(self, model, x_train, train, x_val, val, *, epochs, batch_size, lr, max_shift, seed,
@@ -38,6 +41,8 @@ class Segmentation(SegmentationSpec, Task):
 
     def torch_scores(self, model, x, split) -> dict:
         import torch
+
+        from quantpipe import models
 
         with torch.no_grad():
             return self.test_scores(models.predict_torch(model, x), split)
