@@ -50,8 +50,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MACHINES = Path("metrics/machines")
 VARIANTS = ("fp32", "dynamic", "static", "qat", "bf16")
-# What the target's stages import (stages.evaluate's task code imports torch): import name ->
-# distribution (pip) name; and openvino, when bench.runtimes names it.
+# What the target's stages import (torch: a detector's evaluation runs torchvision's NMS, and
+# ONNX Runtime's quantization tools, which scripts/ort_threads.py runs, import it): import name
+# -> distribution (pip) name; and openvino, when bench.runtimes names it.
 NEEDS = {"numpy": "numpy", "onnx": "onnx", "onnxruntime": "onnxruntime", "yaml": "pyyaml",
          "tqdm": "tqdm", "torch": "torch"}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -15,8 +16,15 @@ from pathlib import Path
 import pytest
 import yaml
 from dvc.repo import Repo
+from filelock import FileLock
 
 ROOT = Path(__file__).resolve().parents[1]
+# `make test` runs two pytest-xdist workers on 2 cores, each starting stage processes: PyTorch's
+# default of an OpenMP thread per core would put two busy threads on each core, and they wait for
+# each other (measured: the tiny train stage 2-8x slower beside the other worker's load). One
+# thread per process there; numbers are benchmarks' business, not the tests'.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 # What a clone needs to run the pipeline; nothing generated is copied.
 PROJECT_FILES = ("dvc.yaml", "params.yaml", ".dvcignore", ".gitignore", "stages", "quantpipe", "inputs",
                  ".dvc/config", ".dvc/.gitignore")
@@ -31,6 +39,16 @@ TINY_PARAMS = {
     "gates": {"enforce": False},
 }
 
+
+# The files whose one pipeline run takes minutes, longest first: `make test`'s two workers start
+# on them, so no worker is left running one alone at the end (measured: the Ultralytics recipe,
+# last in file order, ran its 3.5 minutes with the other worker idle).
+LONGEST_FIRST = ("test_detection.py", "test_ultralytics.py", "test_pipeline.py", "test_failures.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order kept
 
 def set_params(repo: Path, changes: dict) -> None:
     """Merge nested `changes` into repo/params.yaml."""
@@ -115,12 +133,22 @@ def dvc(cwd: Path, *args: str, env: dict | None = None, check: bool = True,
 
 
 @pytest.fixture(scope="session")
-def tiny_run(tmp_path_factory) -> tuple[Path, set[str]]:
-    """One complete `dvc repro` with TINY_PARAMS per session, and the stages it ran. Modules that
+def tiny_run(tmp_path_factory, worker_id) -> tuple[Path, set[str]]:
+    """One complete `dvc repro` with TINY_PARAMS per test run, and the stages it ran. Modules that
     start from a complete run take a copy (copy_project) instead of running the pipeline again;
-    never change this one."""
-    repo = make_project(tmp_path_factory.mktemp("tiny-run"), TINY_PARAMS)
-    return repo, reproduce(repo)
+    never change this one. pytest-xdist's workers share it: the first to need it builds it under
+    a file lock, the others wait for it (one run of the pipeline instead of one per worker)."""
+    if worker_id == "master":  # no xdist workers
+        repo = make_project(tmp_path_factory.mktemp("tiny-run"), TINY_PARAMS)
+        return repo, reproduce(repo)
+    shared = tmp_path_factory.getbasetemp().parent / "tiny-run"  # the workers' common folder
+    ran_file = shared / "ran.json"
+    with FileLock(f"{shared}.lock"):
+        if not ran_file.exists():  # written last: a worker whose run failed leaves none
+            shutil.rmtree(shared, ignore_errors=True)
+            ran = reproduce(make_project(shared / "repo", TINY_PARAMS))
+            ran_file.write_text(json.dumps(sorted(ran)))
+    return shared / "repo", set(json.loads(ran_file.read_text()))
 
 
 @pytest.fixture(autouse=True, scope="session")
