@@ -137,7 +137,7 @@ def make_session(model: Path | str | bytes, *, level: ort.GraphOptimizationLevel
     try:
         return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
     except Exception as e:  # ORT's pybind errors (InvalidProtobuf, Fail, ...) share no base class
-        if EXACT_INT8 and (config or {}).get(EXACT_INT8_KEY) != "0" \
+        if {**EXACT_INT8, **(config or {})}.get(EXACT_INT8_KEY) == "1" \
                 and "Attempt to replace the existing tensor" in str(e):
             # ORT's U8U8 rewrite (x64quantprecision) fails on a weight that several nodes
             # share: such a model runs with the saturating kernels, and says so.
@@ -151,7 +151,6 @@ def make_session(model: Path | str | bytes, *, level: ort.GraphOptimizationLevel
                         f"{str(e).splitlines()[0][:200] if str(e) else ''}); re-create it") from None
 
 
-
 def exact_int8_config_of(model: Path | str, level: ort.GraphOptimizationLevel) -> dict[str, str]:
     """EXACT_INT8 as the sessions of `model` take it (what a deployed session must set): empty
     where the CPU needs nothing, the option off where ORT's rewrite fails on this model
@@ -160,6 +159,7 @@ def exact_int8_config_of(model: Path | str, level: ort.GraphOptimizationLevel) -
         return {}
     options = make_session(model, level=level).get_session_options()
     return {key: options.get_session_config_entry(key) for key in EXACT_INT8}
+
 
 def check_input_matches(session: ort.InferenceSession, input_shape: tuple[int, ...],
                         name: str) -> str:

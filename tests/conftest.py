@@ -41,8 +41,9 @@ TINY_PARAMS = {
 
 
 # The files whose one pipeline run takes minutes, longest first: `make test`'s two workers start
-# on them, so no worker is left running one alone at the end (measured: the Ultralytics recipe,
-# last in file order, ran its 3.5 minutes with the other worker idle).
+# on them (its --no-loadscope-reorder keeps this order; xdist's own sends the files with most
+# tests first), so no worker is left running one alone at the end (measured: the Ultralytics
+# recipe, one test, went last and ran its 3.5 minutes with the other worker idle).
 LONGEST_FIRST = ("test_detection.py", "test_ultralytics.py", "test_pipeline.py", "test_failures.py")
 
 
