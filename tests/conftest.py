@@ -51,6 +51,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order kept
 
+
 def set_params(repo: Path, changes: dict) -> None:
     """Merge nested `changes` into repo/params.yaml."""
     path = repo / "params.yaml"
