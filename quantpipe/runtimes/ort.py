@@ -95,7 +95,7 @@ def _vnni(flags: dict) -> str:
         return "AVX-512 VNNI"
     if flags.get("avx_vnni"):
         return "AVX-VNNI"
-    return "AVX-512BW" if flags.get("avx512bw") else "AVX2"
+    return u8u8_gemm_isa(flags)  # no VNNI: the same plain multiply-adds
 
 
 # The weight input of each integer op (ONNX and ORT contrib signatures).
