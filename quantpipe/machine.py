@@ -24,6 +24,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from quantpipe.errors import UserError
+from quantpipe.isa import cpu_flags, parse_cpuinfo, read_cpuinfo
 
 MACHINE_FILE = Path("metrics/machine.json")
 # CPU flags (as /proc/cpuinfo spells them) that decide how fast INT8 and BF16 can be on x86:
@@ -47,10 +48,7 @@ def probe(cpuinfo: str | None = None, affinity: set[int] | None = None,
     """This machine, as metrics/machine.json records it. The arguments are for tests; by
     default they are read from /proc/cpuinfo, the process's CPU affinity and the cgroup quota."""
     if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:  # not Linux: model and flags unknown, cores from os.cpu_count()
-            cpuinfo = ""
+        cpuinfo = read_cpuinfo()
     if affinity is None:
         affinity = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
             else set(range(os.cpu_count() or 1))
@@ -59,7 +57,7 @@ def probe(cpuinfo: str | None = None, affinity: set[int] | None = None,
     cpus = parse_cpuinfo(cpuinfo)
     model = next((c["model name"] for c in cpus if c.get("model name")), "") \
         or platform.processor() or platform.machine()
-    flags = set(next((c["flags"] for c in cpus if c.get("flags")), "").split())
+    flags = cpu_flags(cpuinfo)
     return {"cpu": model,
             "cpu_flags": {f: f in flags for f in CPU_FLAGS},
             "cores": physical_cores(cpus, affinity, cpu_quota),
@@ -87,20 +85,6 @@ def load(path: Path = MACHINE_FILE) -> dict:
         raise UserError(f"{path}: 'cores' is {cores!r}, not a count; re-create it with "
                         "`dvc repro machine`")
     return info
-
-
-def parse_cpuinfo(text: str) -> list[dict[str, str]]:
-    """One {field: value} per processor block of /proc/cpuinfo."""
-    blocks = []
-    for block in text.strip().split("\n\n"):
-        fields = {}
-        for line in block.splitlines():
-            key, sep, value = line.partition(":")
-            if sep:
-                fields[key.strip()] = value.strip()
-        if "processor" in fields:
-            blocks.append(fields)
-    return blocks
 
 
 def physical_cores(cpus: list[dict[str, str]], affinity: set[int], cpu_quota: float | None) -> int:

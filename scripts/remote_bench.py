@@ -183,7 +183,8 @@ def target(out: Path, python: str) -> None:
     for record in (here / "records").glob("*.json"):
         shutil.copy(record, out / record.name)
     machine = out / "machine.json"
-    subprocess.run([python, "-m", "stages.machine", "--out", str(machine)], check=True, env=env)
+    subprocess.run([python, "-m", "stages.machine", "--out", str(machine),
+                    "--int8", str(out / "int8.json")], check=True, env=env)
     # Accuracy too: INT8 kernels differ by instruction set, so it is checked where it runs.
     for stage in ("evaluate", "bench"):
         for variant in VARIANTS:

@@ -2,16 +2,16 @@
 
 import logging
 
-from quantpipe import onnxutil, params
+from quantpipe import isa, onnxutil, params
 from quantpipe.engines import dynamic
 from quantpipe.io import atomic_path, run_stage, stage_args, write_json
 from quantpipe.schemas.quantize_dynamic import QuantizeDynamicParams
 
 
 def main(argv: list[str]) -> None:
-    args = stage_args("quantize_dynamic", argv, "fp32", "out", "metrics")
+    args = stage_args("quantize_dynamic", argv, "fp32", "int8", "out", "metrics")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    p = params.load(QuantizeDynamicParams)
+    p = params.load(QuantizeDynamicParams).on_machine(isa.load_int8(args.int8))
     onnxutil.load_model(args.fp32)  # a clear error for a missing or corrupt file
     if "Conv" in p.op_types:
         logging.warning("quantize_dynamic: Conv in op_types makes ConvInteger nodes, which run "

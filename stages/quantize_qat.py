@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from quantpipe import data, models, onnxutil, params
+from quantpipe import data, isa, models, onnxutil, params
 from quantpipe.tasks import bind
 from quantpipe.engines import qat, qat_parity
 from quantpipe.io import resources, run_stage, stage_args, write_bytes, write_json
@@ -24,7 +24,7 @@ from quantpipe.schemas.train import TrainParams
 
 
 def main(argv: list[str]) -> None:
-    args = stage_args("quantize_qat", argv, "model", "data", "calibration", "out", "metrics")
+    args = stage_args("quantize_qat", argv, "model", "data", "calibration", "int8", "out", "metrics")
     try:
         quantize(args)
     except qat.Unsupported as e:  # no QAT variant: an empty file and the reason
@@ -41,6 +41,7 @@ def quantize(args) -> None:
     task = bind.for_data(info)  # how the model trains, how two models' outputs compare
     if not p.enabled:
         raise qat.Unsupported("quantize_qat.enabled is false")
+    p = p.on_machine(isa.load_int8(args.int8))  # reduce_range decided for this CPU
     if models.onnx_source(name):
         raise qat.Unsupported(f"train.model is {name}: there is no PyTorch model to fine-tune")
     train, val, test = (data.load_split(args.data, s) for s in ("train", "val", "test"))
@@ -51,8 +52,8 @@ def quantize(args) -> None:
     model = models.load_weights(
         models.build_model(name, info.channels, info.image_size, info.num_classes), args.model)
     removed = qat.without_train_only_modules(model)
-    # A detector fake-quantizes its convolutions and keeps its decode in float.
-    qmodel = qat.prepare_model(model, info.input_shape, p.per_channel, name)
+    # A detector fake-quantizes its convolutions and keeps its decode in float (7-bit weights: reduce_range).
+    qmodel = qat.prepare_model(model, info.input_shape, p.per_channel, name, p.reduce_range)
     body = qat.body_of(qmodel)  # the fake-quantized graph
     qat.calibrate(body, data.Normalized(calib.x, info), p.calib_batch_size)
     # Calibrated ranges alone (PTQ in PyTorch): the baseline the fine-tune has to improve on.
@@ -67,12 +68,11 @@ def quantize(args) -> None:
     blob = onnxutil.check_and_serialize(proto, str(args.out))
     seconds = round(time.perf_counter() - start, 2)
     # The export hop: the graph as written against the fake-quant model, then node by node.
-    parity, fused = qat_parity.export_parity(blob, proto, x_test, expected, trained, task.compare,
-                                             level)
+    parity, fused = qat_parity.export_parity(blob, proto, x_test, expected, trained, task.compare, level)
     metrics = {
         "model": name, "epochs": p.epochs, "lr": p.lr, "per_channel": p.per_channel, "steps": steps,
         "freeze_bn_after": p.freeze_bn_after, "freeze_observers_after": p.freeze_observers_after,
-        "train_only_modules_removed": removed, "calib_samples": len(calib.y),
+        "train_only_modules_removed": removed, "calib_samples": len(calib.y), "reduce_range": p.reduce_range,
         f"{task.history_key}_calibrated": round(before, 6), task.history_key: after,
         f"test_{task.score.key}": task.test_scores(fused, test)[task.score.key],
         "epoch_seconds": [h.seconds for h in history], "seconds": seconds,

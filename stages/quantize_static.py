@@ -11,7 +11,7 @@ allow_accuracy_drop): the report leaves it out of `recommended`, the gates fail 
 import logging
 import time
 
-from quantpipe import criterion, data, onnxutil, params, representative
+from quantpipe import criterion, data, isa, onnxutil, params, representative
 from quantpipe.tasks import bind
 from quantpipe.engines import record, registry
 from quantpipe.engines.base import StaticJob
@@ -23,13 +23,14 @@ from quantpipe.schemas.runtime import RuntimeParams
 
 
 def main(argv: list[str]) -> None:
-    args = stage_args("quantize_static", argv, "fp32", "data", "calibration", "out", "metrics",
-                      "sensitivity")
+    args = stage_args("quantize_static", argv, "fp32", "data", "calibration", "int8", "out",
+                      "metrics", "sensitivity")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     stage_start = time.perf_counter()
     p = params.load(QuantizeStaticParams)
     level = params.load(RuntimeParams).graph_optimization_level
     engine = registry.get(p.engine)
+    p = p.on_machine(isa.load_int8(args.int8))  # after the params' own errors
     fp32 = onnxutil.load_model(args.fp32)
     info = data.load_info(args.calibration)
     calib = data.load_split(args.calibration, "calib")

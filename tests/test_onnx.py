@@ -12,7 +12,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from helpers import OPSET, ROOT, torch_logits
-from quantpipe import models, onnxutil
+from quantpipe import isa, machine, models, onnxutil
 from quantpipe.errors import UserError
 
 SHAPE = (1, 12, 12)  # (C, S, S)
@@ -209,6 +209,15 @@ def test_exact_int8_config_only_where_int8_sums_saturate(flags, exact):
     assert onnxutil.exact_int8_config(flags) == ({onnxutil.EXACT_INT8_KEY: "1"} if exact else {})
     # This process's sessions follow this CPU's /proc/cpuinfo.
     assert onnxutil.EXACT_INT8 == onnxutil.exact_int8_config()
+    # reduce_range: auto gives 7-bit weights on the same CPUs (by metrics/int8.json, which the
+    # machine stage derives from its record of the flags); true and false are kept as set.
+    recorded = isa.int8_record(
+        {"cpu_flags": {**dict.fromkeys(machine.CPU_FLAGS, False), **dict.fromkeys(flags, True)}})
+    assert recorded == {"int8_saturates": exact}
+    assert isa.reduce_range_for(isa.AUTO, recorded) is exact
+    assert isa.reduce_range_for(True, recorded) is True
+    assert isa.reduce_range_for(False, recorded) is False
+    assert isa.reduce_range_for(isa.AUTO) is bool(onnxutil.EXACT_INT8)
 
 
 def _matmul_integer(tmp_path, nodes: int):
@@ -254,6 +263,9 @@ def test_a_shared_weight_falls_back_to_the_default_kernels_with_a_warning(tmp_pa
         session = onnxutil.make_session(path, level=level)
     assert len(session.run(None, {"a": a})) == 2
     with pytest.warns(UserWarning, match="a shared weight"):
+        assert onnxutil.exact_int8_config_of(path, level) == {onnxutil.EXACT_INT8_KEY: "0"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # asked once per version of the file: no second session
         assert onnxutil.exact_int8_config_of(path, level) == {onnxutil.EXACT_INT8_KEY: "0"}
 
 # --- op_counts / max_abs_diff -----------------------------------------------------------------

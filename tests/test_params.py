@@ -81,6 +81,8 @@ def test_defaults_are_the_fast_x86_path():
     assert p.quantize_static.weight_type is QuantType.QInt8
     assert p.quantize_static.per_channel is True
     assert "Conv" not in p.quantize_dynamic.op_types
+    # 7-bit weights exactly where 8-bit ones overflow the fast INT8 kernels (test_onnx.py).
+    assert p.quantize_static.reduce_range == p.quantize_dynamic.reduce_range == "auto"
 
 
 def test_empty_mapping_gives_defaults(tmp_path):
@@ -264,6 +266,10 @@ def test_qoperator_and_percentile_parse():
     ({"quantize_static": {"extra_options": {"CalibPercentile": 0}}},
      "quantize_static.extra_options.CalibPercentile", "(0, 100]"),
     ({"quantize_static": {"calib_batch_size": 0}}, "quantize_static.calib_batch_size", ">= 1"),
+    ({"quantize_static": {"reduce_range": "yes"}}, "quantize_static.reduce_range",
+     "true, false or auto"),
+    ({"quantize_dynamic": {"reduce_range": "7bit"}}, "quantize_dynamic.reduce_range",
+     "true, false or auto"),
     ({"prepare": {"test_fraction": 0.7}}, "prepare.test_fraction", "(0, 0.5)"),
     ({"prepare": {"val_fraction": 0}}, "prepare.val_fraction", "(0, 0.5)"),
     ({"prepare": {"image_size": 4}}, "prepare.image_size", "8..1024"),

@@ -13,7 +13,7 @@ import pytest
 from dvc.repo import Repo
 
 from conftest import PROBE, copy_project, dvc, reproduce, set_params
-from quantpipe import machine
+from quantpipe import isa, machine
 from quantpipe.runtimes import ort as ort_runtime
 
 # The ONNX files, and the bf16 row (fp32.onnx computed in BF16: measured where the CPU has
@@ -335,6 +335,22 @@ def test_another_machine_re_measures_what_depends_on_it(project):
     report_md = (repo / "metrics/report.md").read_text()
     assert f"Measured on {machine.describe(here)}." in report_md and "Another CPU" not in report_md
     assert reproduce(repo) == {PROBE}  # and back to a no-op
+
+
+def test_a_machine_of_another_int8_kind_re_quantizes(project):
+    """reduce_range: auto decides by metrics/int8.json alone: where it changes (8-bit weights
+    overflow the INT8 kernels there, or no longer do), the three quantize stages are out of
+    date and nothing before them; the test above changed machine.json and not this."""
+    repo, _ = project
+    path = repo / "metrics/int8.json"
+    here = path.read_text()
+    assert json.loads(here) == isa.int8_record(machine.probe())
+    try:
+        path.write_text(json.dumps({"int8_saturates": not json.loads(here)["int8_saturates"]}))
+        status = json.loads(dvc(repo, "status", "--json").stdout)
+        assert set(status) - {PROBE} == {"quantize_dynamic", "quantize_static", "quantize_qat"}
+    finally:
+        path.write_text(here)
 
 
 def test_the_bf16_row_with_and_without_native_bf16(project, tmp_path):

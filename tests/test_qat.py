@@ -53,16 +53,18 @@ def trained_block(x: np.ndarray, y: np.ndarray) -> BlockNet:
     return trained_on(BlockNet(), x, y, steps=20, lr=0.02)
 
 
-def prepared(x: np.ndarray, y: np.ndarray, per_channel: bool = True) -> torch.fx.GraphModule:
+def prepared(x: np.ndarray, y: np.ndarray, per_channel: bool = True,
+             reduce_range: bool = False) -> torch.fx.GraphModule:
     model = trained_block(x, y)
     qat.without_train_only_modules(model)
-    qmodel = qat.prepare(model, SHAPE, per_channel, "block_net")
+    qmodel = qat.prepare(model, SHAPE, per_channel, "block_net", reduce_range)
     qat.calibrate(qmodel, x[:64], batch_size=16)
     return qmodel
 
 
-def finetuned(x: np.ndarray, y: np.ndarray, **freeze) -> torch.fx.GraphModule:
-    qmodel = prepared(x, y)
+def finetuned(x: np.ndarray, y: np.ndarray, reduce_range: bool = False,
+              **freeze) -> torch.fx.GraphModule:
+    qmodel = prepared(x, y, reduce_range=reduce_range)
     qat.finetune(qmodel, x, y, x[:16], y[:16], epochs=1, batch_size=16, lr=1e-3, max_shift=0,
                  seed=0, progress=False, **{"freeze_bn_after": 2, "freeze_observers_after": None,
                                             **freeze})
@@ -184,6 +186,36 @@ def test_export_equals_the_fake_quant_model_and_runs_on_int8_kernels(digits, tmp
     # The batch axis is dynamic.
     session = onnxutil.make_session(model.SerializeToString(), level=ALL)
     assert onnxutil.check_input_matches(session, SHAPE, "qat") == onnxutil.INPUT_NAME
+
+
+def test_seven_bit_weights_export_as_the_integers_they_trained_on(digits):
+    # reduce_range (auto on x86 without VNNI): weights trained on [-64, 63], which ONNX Runtime's
+    # U8S8 kernels cannot overflow, exported in the exporter's (-128, 127) range with the same
+    # scales. Same integers, same function: the fused graph matches the fake-quant model on
+    # every CPU (8-bit weights do not there, the test above).
+    split, x = digits
+    qmodel = finetuned(x, split.y, reduce_range=True)
+    weights = [m for name, m in qmodel.named_modules() if name.endswith("weight_fake_quant")]
+    assert len(weights) == 3 and all((fq.quant_min, fq.quant_max) == (-64, 63) for fq in weights)
+    qmodel = qat.fold_batch_norms(qmodel)
+    with torch.no_grad():
+        trained = [m.weight_fake_quant(m.weight).numpy() for m in (qmodel.conv1, qmodel.conv2, qmodel.fc)]
+    expected = logits(qmodel, x)
+    model = qat.export_qdq(qmodel, SHAPE, OPSET, "test")
+    assert all((fq.quant_min, fq.quant_max) == (-128, 127) for fq in weights)
+    with torch.no_grad():  # widened, with the weights clamped: the same fake-quant weights
+        widened = [m.weight_fake_quant(m.weight).numpy() for m in (qmodel.conv1, qmodel.conv2, qmodel.fc)]
+    assert all(np.array_equal(a, b) for a, b in zip(trained, widened))
+    dequantized = {n.input[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
+    stored = [numpy_helper.to_array(i) for i in model.graph.initializer
+              if i.data_type == onnx.TensorProto.INT8 and i.name in dequantized]
+    assert len(stored) == 3 and all(-64 <= w.min() and w.max() <= 63 for w in stored)
+    assert max(int(np.abs(w).max()) for w in stored) >= 60  # the 7-bit grid, used to its ends
+    step = qat_parity.output_step(model)
+    for level in (NONE, ALL):
+        got = onnxutil.run_batched(onnxutil.make_session(model.SerializeToString(), level=level), x)
+        assert (got.argmax(1) == expected.argmax(1)).mean() >= 0.99
+        assert onnxutil.max_abs_diff(got, expected) <= 2 * step + 1e-6
 
 
 def test_weights_are_stored_int8_and_dequantize_to_the_fake_quant_weights(digits):

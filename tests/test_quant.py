@@ -14,8 +14,8 @@ from onnx import numpy_helper
 from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType
 
 from helpers import TinyViT, TwoConvNet, export_to, info_for, structured_images, trained_on
-from quantpipe import criterion, data, onnxutil
-from quantpipe.engines import base, dynamic, graph, ort_static
+from quantpipe import criterion, data, isa, onnxutil
+from quantpipe.engines import base, dynamic, graph, nncf_ptq, ort_static
 from quantpipe.errors import UserError
 from quantpipe.schemas.quantize_dynamic import QuantizeDynamicParams
 from quantpipe.schemas.quantize_static import QuantizeStaticParams
@@ -192,6 +192,48 @@ def test_static_default_has_per_channel_weight_scales(static_default):
         scale = _initializer(static_default, dq.input[1])
         assert scale.size == out_channels > 1
         assert len(np.unique(scale)) > 1  # really one scale per channel
+
+
+def _int8_weights(model: onnx.ModelProto) -> list[np.ndarray]:
+    return [numpy_helper.to_array(i).astype(np.int64) for i in model.graph.initializer
+            if i.data_type == onnx.TensorProto.INT8]
+
+
+def _exact_and_default(path: Path, x: np.ndarray) -> list[np.ndarray]:
+    """Outputs with ORT's exact INT8 kernels forced on, then with its default ones."""
+    return [onnxutil.make_session(path, level=LEVEL, config={onnxutil.EXACT_INT8_KEY: on})
+            .run(None, {onnxutil.INPUT_NAME: x})[0] for on in ("1", "0")]
+
+
+def test_reduced_range_weights_run_exactly_on_the_default_kernels(fp32_path, tmp_path, calib, info):
+    # reduce_range (what `auto` picks on x86 without VNNI): weights within [-64, 64], which the
+    # U8S8 kernels' 16-bit pair sums cannot overflow (2 x 255 x 64 < 2**15). ORT leaves such
+    # weights as they are under session.x64quantprecision, so the fast kernels give the exact
+    # result on every CPU.
+    model = _static(fp32_path, tmp_path, calib, info, reduce_range=True)
+    assert max(int(np.abs(w).max()) for w in _int8_weights(model)) <= 64
+    x = data.normalize(calib.x, info)
+    exact, default = _exact_and_default(tmp_path / "static.onnx", x)
+    assert np.array_equal(exact, default)
+    (tmp_path / "full").mkdir()
+    full = _static(fp32_path, tmp_path / "full", calib, info, reduce_range=False)
+    assert max(int(np.abs(w).max()) for w in _int8_weights(full)) == 127
+    exact, default = _exact_and_default(tmp_path / "full" / "static.onnx", x)
+    # 8-bit weights: where the kernels saturate they differ from the exact ones.
+    assert np.array_equal(exact, default) is not isa.int8_saturates(isa.cpu_flags())
+
+
+def test_reduce_range_auto_follows_this_cpu(fp32_path, tmp_path, calib, info):
+    model = _static(fp32_path, tmp_path, calib, info, reduce_range=isa.AUTO)
+    widest = max(int(np.abs(w).max()) for w in _int8_weights(model))
+    assert widest == (64 if isa.int8_saturates(isa.cpu_flags()) else 127)
+
+
+@pytest.mark.parametrize("reduce_range, fix", [(True, "ENABLE"), (False, None)])
+def test_nncf_reduce_range_is_its_overflow_fix(reduce_range, fix):
+    from nncf.quantization.advanced_parameters import OverflowFix
+    options = nncf_ptq.quantize_options(QuantizeStaticParams(engine="nncf", reduce_range=reduce_range), 8)
+    assert options["advanced_parameters"].overflow_fix == (fix and OverflowFix[fix])
 
 
 def test_static_per_tensor_has_scalar_weight_scales(fp32_path, tmp_path, calib, info):

@@ -188,8 +188,8 @@ def test_evaluate_memory_does_not_grow_with_the_test_split(tmp_path):
     torch.manual_seed(0)
     (repo / "models").mkdir()
     export_to(TwoConvNet(3, 64, 4), (3, 64, 64), repo / "models" / "fp32.onnx")
-    machine = subprocess.run([sys.executable, "-m", "stages.machine", "--out",
-                              "metrics/machine.json"], cwd=repo, capture_output=True, text=True)
+    machine = subprocess.run([sys.executable, "-m", "stages.machine", "--out", "metrics/machine.json",
+                              "--int8", "metrics/int8.json"], cwd=repo, capture_output=True, text=True)
     assert machine.returncode == 0, machine.stderr
     small = _peak_rss_of_evaluate(repo, 1500)
     large = _peak_rss_of_evaluate(repo, 6000)

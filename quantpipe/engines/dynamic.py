@@ -10,6 +10,7 @@ from pathlib import Path
 import onnx
 from onnxruntime.quantization import quantize_dynamic
 
+from quantpipe import isa
 from quantpipe.engines.graph import preprocess_checked
 from quantpipe.schemas.quantize_dynamic import QuantizeDynamicParams
 
@@ -23,7 +24,8 @@ def quantize_dynamic_model(model_path: Path, out_path: Path, p: QuantizeDynamicP
         op_types, include, exclude = dynamic_selection(pre_model, p.op_types, p.nodes_to_exclude)
         quantize_dynamic(
             str(pre), str(out_path), op_types_to_quantize=op_types, nodes_to_quantize=include,
-            per_channel=p.per_channel, reduce_range=p.reduce_range, weight_type=p.weight_type,
+            per_channel=p.per_channel, reduce_range=isa.reduce_range_for(p.reduce_range),
+            weight_type=p.weight_type,
             nodes_to_exclude=exclude or None)
     return {"symbolic_shape_inference": symbolic}
 

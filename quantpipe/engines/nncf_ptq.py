@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from quantpipe import isa
 from quantpipe.criterion import Judged
 from quantpipe.data import DataInfo, normalize
 from quantpipe.engines.base import StaticJob, StaticResult
@@ -40,11 +41,14 @@ def quantize_options(p: QuantizeStaticParams, n_calib: int) -> dict:
     """Keyword arguments shared by nncf.quantize and quantize_with_accuracy_control."""
     import nncf
     from nncf.quantization.advanced_parameters import (AdvancedQuantizationParameters,
-                                                       AdvancedSmoothQuantParameters)
+                                                       AdvancedSmoothQuantParameters, OverflowFix)
 
     q = p.nncf
     advanced = AdvancedQuantizationParameters(
         disable_bias_correction=q.bias_correction == BiasCorrection.none)
+    if isa.reduce_range_for(p.reduce_range):
+        # NNCF's reduce_range: weights of every layer in [-64, 64] (its default: the first's).
+        advanced.overflow_fix = OverflowFix.ENABLE
     if q.smooth_quant_alpha is not None:
         advanced.smooth_quant_alphas = AdvancedSmoothQuantParameters(matmul=q.smooth_quant_alpha)
     return {
@@ -203,4 +207,5 @@ class NNCFStatic:
         return {"preset": p.nncf.preset.value, "bias_correction": p.nncf.bias_correction.value,
                 "subset_size": result.calib_samples_used,
                 "model_type": p.nncf.model_type.value if p.nncf.model_type else None,
-                "smooth_quant_alpha": p.nncf.smooth_quant_alpha}
+                "smooth_quant_alpha": p.nncf.smooth_quant_alpha,
+                "overflow_fix": "enable" if isa.reduce_range_for(p.reduce_range) else "nncf default"}

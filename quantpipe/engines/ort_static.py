@@ -23,6 +23,7 @@ import onnx
 from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat,
                                       QuantType, quantize_static)
 
+from quantpipe import isa
 from quantpipe.criterion import Judged
 from quantpipe.data import DataInfo, first, normalize
 from quantpipe.engines.base import StaticJob, StaticResult
@@ -194,8 +195,9 @@ def quantize_once(pre_path: Path, out_path: Path, reader: CalibrationReader,
     quantize_static(
         str(pre_path), str(out_path), reader, calibration_cache_path=str(cache_path),
         quant_format=quant_format or p.quant_format, activation_type=p.activation_type,
-        weight_type=p.weight_type, per_channel=p.per_channel, reduce_range=p.reduce_range,
-        calibrate_method=p.calibrate_method, nodes_to_exclude=exclude or None,
+        weight_type=p.weight_type, per_channel=p.per_channel,
+        reduce_range=isa.reduce_range_for(p.reduce_range), calibrate_method=p.calibrate_method,
+        nodes_to_exclude=exclude or None,
         op_types_to_quantize=list(p.op_types_to_quantize) or None,
         extra_options={**extra, **p.extra_options} or None)
 
@@ -620,7 +622,8 @@ class OnnxRuntimeStatic:
     def settings(self, p: QuantizeStaticParams, result: StaticResult) -> dict:
         return {"quant_format": p.quant_format.name, "activation_type": p.activation_type.name,
                 "weight_type": p.weight_type.name, "per_channel": p.per_channel,
-                "reduce_range": p.reduce_range, "calibrate_method": result.calibrate_method,
+                "reduce_range": isa.reduce_range_for(p.reduce_range),
+                "calibrate_method": result.calibrate_method,
                 "calib_samples": result.calib_samples_used,
                 "op_types_to_quantize": result.op_types_to_quantize,
                 "op_selection": result.op_selection}

@@ -27,13 +27,20 @@ from quantpipe.errors import UserError
 from quantpipe.onnxutil import INPUT_NAME, OUTPUT_NAME
 
 
-def qconfig_mapping(per_channel: bool):
+# S8 weight ranges: the exporter's (the only signed one it writes), and reduce_range's 7 bits,
+# which ONNX Runtime's U8S8 kernels cannot overflow on x86 without VNNI (isa.int8_saturates).
+WEIGHT_RANGE = (-128, 127)
+WEIGHT_RANGE_7BIT = (-64, 63)
+
+
+def qconfig_mapping(per_channel: bool, reduce_range: bool = False):
     """U8 asymmetric activations, S8 symmetric weights (per output channel or per tensor).
 
     Moving-average observers, as torch's own QAT defaults: the ranges follow the activations
     and weights while they train, without one outlier batch widening them for good.
     (-127, 127), ORT's symmetric weight range, is refused by the exporter; (-128, 127) with
-    scale max|w| / 127.5 is what it accepts.
+    scale max|w| / 127.5 is what it accepts. reduce_range: 7-bit weights, (-64, 63), trained as
+    such and widened for the exporter (widen_weight_ranges).
     """
     from torch.ao.quantization import (FakeQuantize, MovingAverageMinMaxObserver,
                                        MovingAveragePerChannelMinMaxObserver, QConfig,
@@ -42,13 +49,14 @@ def qconfig_mapping(per_channel: bool):
     activation = FakeQuantize.with_args(
         observer=MovingAverageMinMaxObserver, quant_min=0, quant_max=255, dtype=torch.quint8,
         qscheme=torch.per_tensor_affine, reduce_range=False)
+    low, high = WEIGHT_RANGE_7BIT if reduce_range else WEIGHT_RANGE
     if per_channel:
         weight = FakeQuantize.with_args(
-            observer=MovingAveragePerChannelMinMaxObserver, quant_min=-128, quant_max=127,
+            observer=MovingAveragePerChannelMinMaxObserver, quant_min=low, quant_max=high,
             dtype=torch.qint8, qscheme=torch.per_channel_symmetric, ch_axis=0)
     else:
         weight = FakeQuantize.with_args(
-            observer=MovingAverageMinMaxObserver, quant_min=-128, quant_max=127,
+            observer=MovingAverageMinMaxObserver, quant_min=low, quant_max=high,
             dtype=torch.qint8, qscheme=torch.per_tensor_symmetric)
     return QConfigMapping().set_global(QConfig(activation=activation, weight=weight))
 
@@ -174,8 +182,9 @@ def without_train_only_modules(model: nn.Module) -> int:
 
 
 def prepare(model: nn.Module, input_shape: tuple[int, ...], per_channel: bool,
-            name: str) -> torch.fx.GraphModule:
-    """The model with fake quantization inserted (Conv+BN(+ReLU) fused into QAT modules)."""
+            name: str, reduce_range: bool = False) -> torch.fx.GraphModule:
+    """The model with fake quantization inserted (Conv+BN(+ReLU) fused into QAT modules);
+    7-bit weights with reduce_range."""
     from torch.ao.quantization.quantize_fx import prepare_qat_fx
 
     model.train()
@@ -186,7 +195,7 @@ def prepare(model: nn.Module, input_shape: tuple[int, ...], per_channel: bool,
             # torchao's pt2e, whose models the ONNX exporter does not yet write as QDQ).
             warnings.simplefilter("ignore", DeprecationWarning)
             warnings.filterwarnings("ignore", message=".*torch.ao.quantization.*deprecated")
-            return prepare_qat_fx(model, qconfig_mapping(per_channel), example,
+            return prepare_qat_fx(model, qconfig_mapping(per_channel, reduce_range), example,
                                   backend_config=backend_config())
     except Exception as e:  # symbolic tracing fails on data-dependent control flow
         raise Unsupported(f"train.model = {name!r}: torch.fx cannot trace it for quantization-aware "
@@ -223,22 +232,23 @@ class FloatDecode(nn.Module):
 
 
 def prepare_detector(detector: nn.Module, input_shape: tuple[int, ...], per_channel: bool,
-                     name: str) -> FloatDecode:
+                     name: str, reduce_range: bool = False) -> FloatDecode:
     """`prepare` for a quantpipe detector (quantpipe.detection.model.Detector): fake
     quantization in its learned layers, its decode in float."""
     reason = getattr(detector, "qat_unsupported", None)
     if reason:
         raise Unsupported(f"train.model = {name!r}: {reason}")
-    return FloatDecode(prepare(_Raw(detector), input_shape, per_channel, name), detector)
+    return FloatDecode(prepare(_Raw(detector), input_shape, per_channel, name, reduce_range),
+                       detector)
 
 
 def prepare_model(model: nn.Module, input_shape: tuple[int, ...], per_channel: bool,
-                  name: str) -> nn.Module:
+                  name: str, reduce_range: bool = False) -> nn.Module:
     """`prepare` for any model: a detector (one with a float `decode` after its learned layers
     and a `raw_loss`) gets fake quantization in its learned layers only (prepare_detector)."""
     if hasattr(model, "raw_loss") and hasattr(model, "decode"):
-        return prepare_detector(model, input_shape, per_channel, name)
-    return prepare(model, input_shape, per_channel, name)
+        return prepare_detector(model, input_shape, per_channel, name, reduce_range)
+    return prepare(model, input_shape, per_channel, name, reduce_range)
 
 
 def body_of(qmodel: nn.Module) -> nn.Module:
@@ -389,11 +399,37 @@ def fold_batch_norms(qmodel: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return qmodel
 
 
+def widen_weight_ranges(qmodel: nn.Module) -> int:
+    """Each 7-bit weight fake-quant as the exporter takes it, the same function: its range
+    widened to WEIGHT_RANGE with the same scales, its weights clamped to the ends of the 7-bit
+    grid first, so every weight rounds to the integer it trained on (the exporter writes
+    (-128, 127) ranges only). Returns how many were widened."""
+    widened = 0
+    for module in qmodel.modules():
+        fq = getattr(module, "weight_fake_quant", None)
+        if fq is None or (fq.quant_min, fq.quant_max) == WEIGHT_RANGE:
+            continue
+        fq.disable_observer()  # the trained scales stay
+        shape = [1] * module.weight.dim()
+        if fq.scale.numel() > 1:
+            shape[fq.ch_axis] = -1
+        scale = fq.scale.detach().reshape(shape)
+        with torch.no_grad():  # symmetric: zero points are 0
+            module.weight.copy_(module.weight.clamp(fq.quant_min * scale, fq.quant_max * scale))
+        # Its forward reads the observer's range (the module's own copy is for compatibility).
+        fq.quant_min, fq.quant_max = WEIGHT_RANGE
+        fq.activation_post_process.quant_min, fq.activation_post_process.quant_max = WEIGHT_RANGE
+        widened += 1
+    return widened
+
+
 def export_qdq(qmodel: nn.Module, input_shape: tuple[int, ...], opset: int,
                name: str) -> onnx.ModelProto:
     """TorchScript export (the dynamo exporter has no fake-quant -> QDQ lowering) with a dynamic
-    batch axis, then written the way ORT's quantize_static writes QDQ (`as_ort_qdq`)."""
+    batch axis, then written the way ORT's quantize_static writes QDQ (`as_ort_qdq`). 7-bit
+    weights go out as their integers in the exporter's range (widen_weight_ranges)."""
     qmodel.eval()
+    widen_weight_ranges(qmodel)
     buffer = io.BytesIO()
     try:
         with warnings.catch_warnings():

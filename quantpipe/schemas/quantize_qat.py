@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from quantpipe import isa
 from quantpipe.params import check
 
 
 @dataclass(frozen=True)
-class QuantizeQATParams:
+class QuantizeQATParams(isa.ReduceRange):
     """Quantization-aware training (quantpipe.engines.qat): models/model.pt fine-tuned with fake
     quantization in the static variant's x86 scheme, exported as QDQ models/qat.onnx."""
     SECTION: ClassVar[str] = "quantize_qat"
@@ -22,6 +23,8 @@ class QuantizeQATParams:
     lr: float = 1e-4
     # S8 weights per output channel (as quantize_static.per_channel: true), or per tensor.
     per_channel: bool = True
+    # 7-bit weights, trained as such (quantize_static.reduce_range; auto: on x86 without VNNI).
+    reduce_range: bool | str = isa.AUTO
     # Optimizer steps after which BatchNorm normalizes with its running statistics (as at
     # inference) instead of each batch's; null: never frozen during the fine-tune. Steps after
     # which the fake-quant ranges stop following the batches; null: at the end.
@@ -36,6 +39,7 @@ class QuantizeQATParams:
     min_agreement: float = 0.99
 
     def __post_init__(self) -> None:
+        self.check_reduce_range()
         for key in ("epochs", "batch_size", "calib_batch_size"):
             check(getattr(self, key) >= 1, f"quantize_qat.{key}", getattr(self, key), "an integer >= 1")
         check(0 < self.lr < 10, "quantize_qat.lr", self.lr, "a number in (0, 10), e.g. 1e-4")

@@ -9,6 +9,7 @@ from typing import ClassVar
 
 from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType
 
+from quantpipe import isa
 from quantpipe.params import check
 
 
@@ -62,7 +63,7 @@ class NNCFParams:
 
 
 @dataclass(frozen=True)
-class QuantizeStaticParams:
+class QuantizeStaticParams(isa.ReduceRange):
     SECTION: ClassVar[str] = "quantize_static"
 
     # Who quantizes models/static.onnx: a name in quantpipe.engines.registry (which checks it),
@@ -73,7 +74,10 @@ class QuantizeStaticParams:
     activation_type: QuantType = QuantType.QUInt8
     weight_type: QuantType = QuantType.QInt8
     per_channel: bool = True
-    reduce_range: bool = False
+    # 7-bit weights: auto (isa.reduce_range_for) on the CPU that runs the stage: true on x86
+    # without VNNI, where 8-bit weights overflow ONNX Runtime's fast INT8 kernels; false elsewhere.
+    # For NNCF, overflow_fix ENABLE (true) or NNCF's default (false: its first layer only).
+    reduce_range: bool | str = isa.AUTO
     calibrate_method: CalibrationMethod = CalibrationMethod.MinMax
     # Samples per calibration batch; Entropy/Percentile keep every batch's activations in memory.
     calib_batch_size: int = 32
@@ -116,6 +120,7 @@ class QuantizeStaticParams:
     allow_accuracy_drop: bool = False
 
     def __post_init__(self) -> None:
+        self.check_reduce_range()
         check(self.calib_num_quantized_bins >= 2, "quantize_static.calib_num_quantized_bins",
               self.calib_num_quantized_bins, "an integer >= 2")
         check(self.calib_num_bins > self.calib_num_quantized_bins, "quantize_static.calib_num_bins",
