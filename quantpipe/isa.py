@@ -10,6 +10,7 @@ stages record) builds on it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Iterable
 
@@ -32,9 +33,19 @@ def read_cpuinfo() -> str:
 
 
 def cpu_flags(cpuinfo: str | None = None) -> set[str]:
-    """This CPU's ISA flags, as /proc/cpuinfo spells them (empty off Linux)."""
-    cpus = parse_cpuinfo(read_cpuinfo() if cpuinfo is None else cpuinfo)
+    """The ISA flags of `cpuinfo` (this CPU's when None), as /proc/cpuinfo spells them (empty
+    off Linux)."""
+    if cpuinfo is None:
+        return set(_this_cpu_flags())
+    cpus = parse_cpuinfo(cpuinfo)
     return set(next((c["flags"] for c in cpus if c.get("flags")), "").split())
+
+
+@functools.cache
+def _this_cpu_flags() -> frozenset[str]:
+    # read once per process: the engines resolve reduce_range: auto per call (a library caller
+    # may pass it), and the CPU does not change under a running process
+    return frozenset(cpu_flags(read_cpuinfo()))
 
 
 def int8_saturates(flags: Iterable[str]) -> bool:

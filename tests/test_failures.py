@@ -28,7 +28,7 @@ import torch
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import PROBE, ROOT, TINY_PARAMS, make_project, reproduce, set_params
+from conftest import PROBE, ROOT, TINY_PARAMS, copy_project, make_project, set_params
 from helpers import lock_md5s
 from quantpipe import data, machine
 from quantpipe.errors import UserError
@@ -123,12 +123,10 @@ def with_params(fresh):
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory) -> Path:
-    """A copy of the project after one complete tiny `dvc repro` (train slow enough to kill)."""
-    repo = make_project(tmp_path_factory.mktemp("built"),
-                        {**TINY_PARAMS, "train": {**TINY_PARAMS["train"], "epochs": EPOCHS}})
-    reproduce(repo)
-    return repo
+def built(tiny_run, tmp_path_factory) -> Path:
+    """A copy of the session's complete tiny run (its git, DVC cache and lock) to change freely.
+    The tests that need a train slow enough to signal ask for EPOCHS epochs themselves."""
+    return copy_project(tiny_run[0], tmp_path_factory.mktemp("built") / "repo")
 
 
 @pytest.fixture
@@ -574,7 +572,7 @@ def test_a_run_keeps_its_result_when_another_command_holds_the_lock_as_its_stage
     original = (built / "params.yaml").read_text()
     # A result dvc.lock does not have yet (one per case); run, not restored from the run cache
     # (where an earlier run of this test left it).
-    set_params(built, {"train": {"lr": 0.002 if entry else 0.003}})
+    set_params(built, {"train": {"lr": 0.002 if entry else 0.003, "epochs": EPOCHS}})
     try:
         log = tmp_path / "first.log"
         first = start_run(built, "repro", "--no-run-cache", "train", log=log, entry=entry)
@@ -603,6 +601,17 @@ def test_a_run_keeps_its_result_when_another_command_holds_the_lock_as_its_stage
 
 @pytest.mark.slow  # a forced train run waited for, ~110 s
 def test_a_second_command_while_one_runs_stops_at_once_and_the_first_completes(built, tmp_path):
+    original = (built / "params.yaml").read_text()
+    set_params(built, {"train": {"epochs": EPOCHS}})  # a train long enough to run beside
+    try:
+        assert dvc(built, "repro", "train").returncode == 0
+        second_command_while_one_runs(built, tmp_path)
+    finally:
+        (built / "params.yaml").write_text(original)
+        assert dvc(built, "repro", "train").returncode == 0  # back as it was (run cache)
+
+
+def second_command_while_one_runs(built: Path, tmp_path: Path) -> None:
     model = built / "models/model.pt"
     before = md5(model)
     log = tmp_path / "first.log"
