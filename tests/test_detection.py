@@ -76,6 +76,33 @@ def test_decode_keeps_the_best_of_overlapping_boxes_of_one_class_only():
     assert len(d) == 2
 
 
+@pytest.mark.parametrize("many", [False, True])
+def test_batched_nms_keeps_what_torchvision_keeps(many):
+    """post.batched_nms (ONNX Runtime's NonMaxSuppression per class) against
+    torchvision.ops.batched_nms: the same boxes, by decreasing score; ties (a quantized model's
+    scores take few values) in index order, as torchvision's coordinate-trick path orders them
+    (up to 1000 boxes); above that torchvision's sort leaves the order of ties unspecified."""
+    import torch
+    from torchvision.ops import batched_nms
+
+    rng = np.random.default_rng(0)
+    for trial in range(8 if many else 300):
+        n = int(rng.integers(1001, 6000) if many else rng.integers(1, 300))
+        xy = rng.uniform(0, 300, (n, 2)).astype(np.float32)
+        wh = rng.uniform(0, 60, (n, 2)).astype(np.float32)
+        wh[rng.random(n) < 0.05] = 0  # boxes of no area overlap nothing
+        boxes = np.concatenate([xy, xy + wh], 1)
+        scores = (rng.choice(np.linspace(0.05, 1, 8), n) if trial % 2 else rng.random(n)).astype(np.float32)
+        labels = rng.integers(0, int(rng.integers(1, 20)), n)
+        iou = float(rng.choice([0.45, 0.6, 0.7]))
+        want = batched_nms(*(torch.from_numpy(a) for a in (boxes, scores, labels)), iou).numpy()
+        got = post.batched_nms(boxes, scores, labels, iou)
+        if many:
+            assert np.array_equal(np.sort(got), np.sort(want)) and np.all(np.diff(scores[got]) <= 0)
+        else:
+            assert np.array_equal(got, want), trial
+
+
 def test_agreement_pairs_detections_by_label_and_iou():
     ref = post.Detections(np.array([[0, 0, 10, 10], [20, 20, 30, 30]], np.float32),
                           np.array([0.9, 0.8], np.float32), np.array([1, 2]))

@@ -9,6 +9,7 @@ same layout, so one decode serves it, a YOLO ONNX and every quantized variant of
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,9 +29,6 @@ def decode(out: np.ndarray, *, score_threshold: float, iou_threshold: float,
            max_detections: int, multi_label: bool = False) -> list[Detections]:
     """(B, 4 + K, A) -> per image: the best class per anchor (multi_label: every class) scoring
     above score_threshold, class-aware NMS at iou_threshold, at most max_detections by score."""
-    import torch
-    from torchvision.ops import batched_nms
-
     if out.ndim != 3 or out.shape[1] < 5:
         raise ValueError(f"detector output has shape {out.shape}; expected (batch, 4 + classes, "
                          "anchors)")
@@ -49,11 +47,54 @@ def decode(out: np.ndarray, *, score_threshold: float, iou_threshold: float,
         boxes = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], 1).astype(np.float32)
         scores, labels = scores.astype(np.float32), labels.astype(np.int64)
         if len(keep):
-            kept = batched_nms(torch.from_numpy(boxes), torch.from_numpy(scores),
-                               torch.from_numpy(labels), iou_threshold)[:max_detections].numpy()
+            kept = batched_nms(boxes, scores, labels, iou_threshold)[:max_detections]
             boxes, scores, labels = boxes[kept], scores[kept], labels[kept]
         result.append(Detections(boxes.reshape(-1, 4), scores, labels))
     return result
+
+
+def batched_nms(boxes: np.ndarray, scores: np.ndarray, labels: np.ndarray,
+                iou_threshold: float) -> np.ndarray:
+    """Class-aware greedy NMS: the indices kept, by decreasing score. What
+    torchvision.ops.batched_nms computes (tests/test_detection.py checks it), done by ONNX Runtime's
+    NonMaxSuppression, which runs one NMS per class: a deployment of an ONNX detector needs no
+    PyTorch for it, and the stages that decode (evaluate, bench) start without importing it
+    (torch and torchvision take 5-6 s to import on a 2-core EPYC, most of a small model's stage)."""
+    classes, member = np.unique(labels, return_inverse=True)
+    # one row of scores per class present; -inf (below the threshold input) outside the class
+    by_class = np.full((len(classes), len(scores)), -np.inf, np.float32)
+    by_class[member, np.arange(len(scores))] = scores
+    selected = _nms_session().run(None, {
+        "boxes": boxes[None], "scores": by_class[None],
+        "max_per_class": np.array([len(scores)], np.int64),
+        "iou_threshold": np.array([iou_threshold], np.float32),
+        "score_threshold": np.array([np.finfo(np.float32).min], np.float32)})[0]
+    kept = selected[:, 2]
+    return kept[np.lexsort((kept, -scores[kept]))]  # ties: the lower index first, as torchvision
+
+
+@functools.cache
+def _nms_session():
+    """An ONNX Runtime session of one NonMaxSuppression node (boxes as x1, y1, x2, y2: the op
+    reads any diagonal pair), one thread: it runs beside the model's own sessions."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    inputs = [helper.make_tensor_value_info("boxes", TensorProto.FLOAT, [1, None, 4]),
+              helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, None, None]),
+              helper.make_tensor_value_info("max_per_class", TensorProto.INT64, [1]),
+              helper.make_tensor_value_info("iou_threshold", TensorProto.FLOAT, [1]),
+              helper.make_tensor_value_info("score_threshold", TensorProto.FLOAT, [1])]
+    node = helper.make_node("NonMaxSuppression", [i.name for i in inputs], ["selected"])
+    graph = helper.make_graph([node], "nms", inputs, [
+        helper.make_tensor_value_info("selected", TensorProto.INT64, [None, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+    model.ir_version = 7  # what every ONNX Runtime since 1.6 reads
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), options,
+                                providers=["CPUExecutionProvider"])
 
 
 def iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
