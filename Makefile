@@ -56,9 +56,10 @@ repro: env
 # re-submission; the forced re-run's identical bytes; detection folders; every documented
 # command) are left to test-all and test-slow (run by hand before a change lands; CI runs `test`).
 # Two pytest workers (pytest-xdist), one test file each at a time: most of a test's time is one
-# single-threaded stage process, so both cores work (~15 minutes instead of ~20). Files go out in
-# collection order (--no-loadscope-reorder; xdist's default sends the files with most tests
-# first), which tests/conftest.py starts with the minute-long pipeline runs.
+# single-threaded stage process, so both cores work (15 minutes where one worker took 20, when
+# this was set up; 12 now). Files go out in collection order (--no-loadscope-reorder; xdist's
+# default sends the files with most tests first), which tests/conftest.py starts with the
+# minute-long pipeline runs.
 test: env
 	python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not slow" tests
 

@@ -586,10 +586,14 @@ def test_the_decode_stays_float_in_the_static_model(detection_run):
 
 
 @pytest.mark.slow  # quantize_static and evaluate twice by hand, ~40 s
-def test_a_calibration_set_of_dark_canvases_is_warned_about_and_costs_map(detection_run, tmp_path):
+def test_a_calibration_set_of_dark_canvases_is_warned_about_and_costs_agreement(detection_run, tmp_path):
     """A calibration set unlike the data: calibrated on dark canvases only (a night-only calibration
     set for a test split half lit), quantize_static names the measures that differ, and plain
-    static quantization loses more mAP than with the representative calibration set."""
+    static quantization agrees less with FP32's detections than with the representative set.
+    Agreement, not mAP: on this small detector the mAP moves either way by a fraction of a point
+    (AVX2 EPYC: drop -0.25 points with dark canvases, 0.00 with the representative set, while
+    agreement fell from 0.988 to 0.900); the default detector's study in docs/detection.md
+    loses mAP too."""
     from conftest import copy_project
     from test_failures import stage_command
 
@@ -597,7 +601,7 @@ def test_a_calibration_set_of_dark_canvases_is_warned_about_and_costs_map(detect
     read = lambda rel: json.loads((repo / rel).read_text())  # noqa: E731
     representative = read("metrics/quantize_static.json")
     assert representative["calibration_warnings"] == []
-    drop_before = read("metrics/eval/static.json")["map_drop_pts"]
+    before = read("metrics/eval/static.json")
     prepared, calib_dir = repo / "data/prepared", repo / "data/calibration"
     train = data.load_split(prepared, "train")
     dark = np.sort(np.argsort(train.x[:].reshape(len(train), -1).mean(1), kind="stable")[:64])
@@ -616,10 +620,11 @@ def test_a_calibration_set_of_dark_canvases_is_warned_about_and_costs_map(detect
     assert any("brightness" in w for w in biased["calibration_warnings"]), biased["calibration_warnings"]
     assert biased["calibration_check"]["brightness (mean pixel, 0-255)"]["differs"]
     assert "does not represent the test split: brightness" in logs["quantize_static"]
-    drop_after = read("metrics/eval/static.json")["map_drop_pts"]
-    print(f"static mAP drop: {drop_before:.2f} points with the representative calibration set, "
-          f"{drop_after:.2f} with dark canvases only")
-    assert drop_after > drop_before
+    after = read("metrics/eval/static.json")
+    print(f"static agreement with FP32 (mAP drop): {before['agreement']:.3f} "
+          f"({before['map_drop_pts']:.2f} points) with the representative calibration set, "
+          f"{after['agreement']:.3f} ({after['map_drop_pts']:.2f}) with dark canvases only")
+    assert after["agreement"] < before["agreement"] - 0.02
 
 
 @pytest.mark.slow
