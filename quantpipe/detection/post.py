@@ -58,7 +58,7 @@ def batched_nms(boxes: np.ndarray, scores: np.ndarray, labels: np.ndarray,
     """Class-aware greedy NMS: the indices kept, by decreasing score. What
     torchvision.ops.batched_nms computes (tests/test_detection.py checks it), done by ONNX Runtime's
     NonMaxSuppression, which runs one NMS per class: a deployment of an ONNX detector needs no
-    PyTorch for it, and the stages that decode (evaluate, bench) start without importing it
+    PyTorch for it, and the stages that decode (evaluate, bench, quantize_static) start without it
     (torch and torchvision take 5-6 s to import on a 2-core EPYC, most of a small model's stage)."""
     classes, member = np.unique(labels, return_inverse=True)
     # one row of scores per class present; -inf (below the threshold input) outside the class
@@ -77,9 +77,10 @@ def batched_nms(boxes: np.ndarray, scores: np.ndarray, labels: np.ndarray,
 def _nms_session():
     """An ONNX Runtime session of one NonMaxSuppression node (boxes as x1, y1, x2, y2: the op
     reads any diagonal pair), one thread: it runs beside the model's own sessions."""
-    import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper
+
+    from quantpipe.onnxutil import make_session
 
     inputs = [helper.make_tensor_value_info("boxes", TensorProto.FLOAT, [1, None, 4]),
               helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, None, None]),
@@ -91,10 +92,8 @@ def _nms_session():
         helper.make_tensor_value_info("selected", TensorProto.INT64, [None, 3])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
     model.ir_version = 7  # what every ONNX Runtime since 1.6 reads
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = options.inter_op_num_threads = 1
-    return ort.InferenceSession(model.SerializeToString(), options,
-                                providers=["CPUExecutionProvider"])
+    return make_session(model.SerializeToString(), level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+                        threads=1)
 
 
 def iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
