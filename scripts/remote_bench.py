@@ -50,11 +50,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MACHINES = Path("metrics/machines")
 VARIANTS = ("fp32", "dynamic", "static", "qat", "bf16")
-# What the target's stages import (torch: a detector's evaluation runs torchvision's NMS, and
-# ONNX Runtime's quantization tools, which scripts/ort_threads.py runs, import it): import name
-# -> distribution (pip) name; and openvino, when bench.runtimes names it.
+# What the target's stages import: import name -> distribution (pip) name; and openvino, when
+# bench.runtimes names it. A classifier's or a detector's evaluate and bench need no PyTorch
+# (the detectors' NMS is ONNX Runtime's), so a deployment server without it can be measured; a
+# segmenter's mIoU is torchmetrics', which imports torch.
 NEEDS = {"numpy": "numpy", "onnx": "onnx", "onnxruntime": "onnxruntime", "yaml": "pyyaml",
-         "tqdm": "tqdm", "torch": "torch"}
+         "tqdm": "tqdm"}
+TASK_NEEDS = {"segmentation": {"torch": "torch", "torchmetrics": "torchmetrics"}}
 
 
 # --- here: pack -------------------------------------------------------------------------------
@@ -102,8 +104,9 @@ def pack(project: Path, out: Path, runtimes: list[str], packages: list[str],
             # md5 of each model file (DVC's hash of a file), which the results carry back.
             carried = {m.name: _md5(m) for m in models if m.stat().st_size}
             for name, text in (("params.yaml", yaml.safe_dump(params, sort_keys=False)),
-                               ("bundle.json", json.dumps({"runtimes": runtimes,
-                                                           "models": carried}) + "\n")):
+                               ("bundle.json", json.dumps({
+                                   "runtimes": runtimes, "task": (params.get("prepare") or {}).get("task"),
+                                   "models": carried}) + "\n")):
                 info = tarfile.TarInfo(name)
                 info.size = len(text.encode())
                 tar.addfile(info, io.BytesIO(text.encode()))
@@ -234,8 +237,9 @@ def environment(here: Path, python: str) -> list[str]:
     if shadowed:
         raise SystemExit(f"this Python ({python}) still imports {', '.join(shadowed)}: "
                          "check its site-packages and PYTHONPATH")
-    runtimes = json.loads((here / "bundle.json").read_text())["runtimes"]
-    needs = {**NEEDS, **({"openvino": "openvino"} if "openvino" in runtimes else {})}
+    bundle = json.loads((here / "bundle.json").read_text())
+    needs = {**NEEDS, **TASK_NEEDS.get(bundle.get("task"), {}),
+             **({"openvino": "openvino"} if "openvino" in bundle["runtimes"] else {})}
     missing = [m for m in needs if not _importable(python, m, env)]
     if missing:
         raise SystemExit(f"this Python ({python}) lacks {', '.join(missing)}: pack the bundle "

@@ -27,9 +27,9 @@ remote_bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(remote_bench)
 
 
-def _script(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+def _script(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=900)
+                          text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return proc
 
@@ -40,8 +40,15 @@ def collected(tiny_run, tmp_path_factory):
     project = copy_project(tiny_run[0], work / "project")
     bundle = work / "bundle.tar.gz"
     _script("--project", str(project), "pack", str(bundle), "--runtimes", "onnxruntime", cwd=work)
+    # A deployment server often has no PyTorch: a classifier is measured without it (an import
+    # of torch fails there, and here while the results are collected: the report needs none).
+    no_torch = work / "no_torch/torch"
+    no_torch.mkdir(parents=True)
+    (no_torch / "__init__.py").write_text("raise ImportError('no torch on this target')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(no_torch.parent), os.environ.get("PYTHONPATH")]))}
     run = _script("--project", str(project), "run", str(bundle), "--target",
-                  f"local:{work / 'target'}", "--python", sys.executable, cwd=work)
+                  f"local:{work / 'target'}", "--python", sys.executable, cwd=work, env=env)
     return project, bundle, work / "target", run.stdout
 
 
@@ -198,8 +205,8 @@ def test_a_wheel_of_your_own_travels_as_it_is_and_the_target_checks_its_runtimes
         # Python 3.11.0-3.11.3 have no extraction filters (Debian's 3.11.2 among them).
         tar.extractall(there, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     assert (there / "wheels/requirements.txt").read_text() == "tqdm==0.0.1\n"
-    assert (json.loads((there / "bundle.json").read_text())["runtimes"]
-            == ["onnxruntime", "openvino"])
+    carried = json.loads((there / "bundle.json").read_text())
+    assert (carried["runtimes"], carried["task"]) == (["onnxruntime", "openvino"], "classification")
     path = remote_bench.environment(there, sys.executable)  # this Python has openvino
     assert path[:2] == [str(there / "site"), str(there)]
     # The target's own PYTHONPATH is kept (after the bundle's): here it hides openvino, as on a
@@ -214,6 +221,18 @@ def test_a_wheel_of_your_own_travels_as_it_is_and_the_target_checks_its_runtimes
     assert proc.stderr.strip().splitlines()[-1].endswith(
         "lacks openvino: pack the bundle with --packages openvino (--with-deps for a Python that "
         "has nothing)")
+    # A classifier needs no PyTorch there (the collected fixture's target had none); a
+    # segmenter's mIoU (torchmetrics) does.
+    (hide / "torch").mkdir()
+    (hide / "torch/__init__.py").write_text("raise ImportError('hidden')\n")
+    (there / "bundle.json").write_text(json.dumps({**carried, "runtimes": ["onnxruntime"],
+                                                   "task": "segmentation"}))
+    proc = subprocess.run([sys.executable, str(SCRIPT), "target", "--out", str(tmp_path / "out")],
+                          cwd=there, env={**os.environ, "PYTHONPATH": str(hide)},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and not (tmp_path / "out").exists()
+    assert "lacks torch, torchmetrics: pack the bundle with --packages torch torchmetrics" in \
+        proc.stderr.strip().splitlines()[-1]
 
 
 def test_bench_params_set_for_the_target_are_checked_as_params_yaml_is(collected, tmp_path):
