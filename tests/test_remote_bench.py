@@ -27,6 +27,14 @@ remote_bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(remote_bench)
 
 
+def _hide(folder: Path, *modules: str) -> Path:
+    """A folder that, first on PYTHONPATH, makes `modules` fail to import: a Python without them."""
+    for module in modules:
+        (folder / module).mkdir(parents=True, exist_ok=True)
+        (folder / module / "__init__.py").write_text(f"raise ImportError('no {module} here')\n")
+    return folder
+
+
 def _script(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, capture_output=True,
                           text=True, timeout=900, env=env)
@@ -42,11 +50,8 @@ def collected(tiny_run, tmp_path_factory):
     _script("--project", str(project), "pack", str(bundle), "--runtimes", "onnxruntime", cwd=work)
     # A deployment server often has no PyTorch: a classifier is measured without it (an import
     # of torch fails there, and here while the results are collected: the report needs none).
-    no_torch = work / "no_torch/torch"
-    no_torch.mkdir(parents=True)
-    (no_torch / "__init__.py").write_text("raise ImportError('no torch on this target')\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        filter(None, [str(no_torch.parent), os.environ.get("PYTHONPATH")]))}
+        filter(None, [str(_hide(work / "no_torch", "torch")), os.environ.get("PYTHONPATH")]))}
     run = _script("--project", str(project), "run", str(bundle), "--target",
                   f"local:{work / 'target'}", "--python", sys.executable, cwd=work, env=env)
     return project, bundle, work / "target", run.stdout
@@ -211,9 +216,7 @@ def test_a_wheel_of_your_own_travels_as_it_is_and_the_target_checks_its_runtimes
     assert path[:2] == [str(there / "site"), str(there)]
     # The target's own PYTHONPATH is kept (after the bundle's): here it hides openvino, as on a
     # Python without it.
-    hide = tmp_path / "hide"
-    (hide / "openvino").mkdir(parents=True)
-    (hide / "openvino/__init__.py").write_text("raise ImportError('hidden')\n")
+    hide = _hide(tmp_path / "hide", "openvino")
     proc = subprocess.run([sys.executable, str(SCRIPT), "target", "--out", str(tmp_path / "out")],
                           cwd=there, env={**os.environ, "PYTHONPATH": str(hide)},
                           capture_output=True, text=True, timeout=300)
@@ -223,8 +226,7 @@ def test_a_wheel_of_your_own_travels_as_it_is_and_the_target_checks_its_runtimes
         "has nothing)")
     # A classifier needs no PyTorch there (the collected fixture's target had none); a
     # segmenter's mIoU (torchmetrics) does.
-    (hide / "torch").mkdir()
-    (hide / "torch/__init__.py").write_text("raise ImportError('hidden')\n")
+    _hide(hide, "torch")
     (there / "bundle.json").write_text(json.dumps({**carried, "runtimes": ["onnxruntime"],
                                                    "task": "segmentation"}))
     proc = subprocess.run([sys.executable, str(SCRIPT), "target", "--out", str(tmp_path / "out")],
