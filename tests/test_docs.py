@@ -36,6 +36,20 @@ def test_every_generated_table_is_the_committed_metrics():
             "yolo_peer", "ort_threads", "machines"} <= found, found
 
 
+def test_the_committed_pipeline_metrics_are_one_machines():
+    """The pipeline's committed metrics are one run's: machine.json, the int8.json the machine
+    stage derives from it, and the machine each bench and the summary name agree. A run on
+    another machine restored only in part would mix them (int8.json once said this project's
+    INT8 saturates beside an AMX Xeon's machine.json)."""
+    from quantpipe import isa
+
+    machine = json.loads((ROOT / "metrics/machine.json").read_text())
+    assert json.loads((ROOT / "metrics/int8.json").read_text()) == isa.int8_record(machine)
+    named = {p.relative_to(ROOT).as_posix(): json.loads(p.read_text()).get("machine")
+             for p in [ROOT / "metrics/summary.json", *(ROOT / "metrics/bench").glob("*.json")]}
+    assert {p: m for p, m in named.items() if m != machine} == {}
+
+
 def test_every_picture_is_the_committed_metrics_and_is_shown():
     """docs/img/*.svg are drawn from the committed metrics (quantpipe.pictures), byte for byte,
     and every one is referenced from README.md or docs/."""
