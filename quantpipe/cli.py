@@ -157,12 +157,12 @@ def _merge(user: dict, defaults: dict, prefix: str, notes: list[str]) -> dict:
     for key, default in defaults.items():
         if key not in user:
             out[key] = default
-            notes.append(f"new key {prefix}{key}: {default!r}")
+            notes.append(f"new key {prefix}{key}: {_shown(default)}")
         elif isinstance(default, dict) and default and isinstance(user[key], dict):
             out[key] = _merge(user[key], default, f"{prefix}{key}.", notes)
         else:  # a value, or a free-form mapping (extra_options): the user's, whole
             out[key] = user[key]
-    notes += [f"{prefix}{key} is no longer read (removed; it was {user[key]!r})"
+    notes += [f"{prefix}{key} is no longer read (removed; it was {_shown(user[key])})"
               for key in user if key not in defaults]
     return out
 
@@ -183,9 +183,14 @@ def merge_params(user: dict, new_defaults: dict) -> tuple[dict, list[str]]:
     return _merge(user, new_defaults, "", notes), notes
 
 
+def _shown(value) -> str:
+    """A params value as the user reads it: YAML's null for None, else Python's repr."""
+    return "null" if value is None else repr(value)
+
+
 def changed_defaults(old: dict, new: dict) -> list[str]:
     was, now = _flatten(old), _flatten(new)
-    return [f"default of {key}: {was[key]!r} -> {now[key]!r}" for key in now
+    return [f"default of {key}: {_shown(was[key])} -> {_shown(now[key])}" for key in now
             if key in was and was[key] != now[key]]
 
 

@@ -37,6 +37,7 @@ def main(argv: list[str]) -> None:
     check_calibration(calib.x, info.input_shape, fp32)
     prepared_info = data.load_info(args.data)
     task = bind.for_data(prepared_info)
+    p = p.for_task(prepared_info.task)  # max_drop_pts: null is the task's
     val = data.load_split(args.data, "val")
     # Read a batch at a time (data.Normalized): every model below runs over them in batches.
     val_x = data.Normalized(val.x, prepared_info)

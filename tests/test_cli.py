@@ -116,10 +116,12 @@ def test_upgrade_keeps_the_users_params_and_names_every_changed_default(tmp_path
     state["version"] = "0.0.9"
     state["defaults"]["bench"]["runs"] = 7
     state["defaults"]["prepare"]["calib_size"] = 999
+    state["defaults"]["quantize_static"]["max_drop_pts"] = 0.5  # a number before it was null
     (repo / ".quantpipe/state.yaml").write_text(yaml.safe_dump(state, sort_keys=False))
     mine = yaml.safe_load((repo / "params.yaml").read_text())
     mine["prepare"]["calib_size"] = 123
-    mine["quantize_static"]["max_accuracy_drop_pp"] = mine["quantize_static"].pop("max_drop_pts") + 0.25
+    del mine["quantize_static"]["max_drop_pts"]  # null: the task's
+    mine["quantize_static"]["max_accuracy_drop_pp"] = 0.75
     mine["bench"]["retired_knob"] = 3
     mine["quantize_static"]["extra_options"] = {"CalibPercentile": 99.9}  # a free-form mapping
     del mine["gates"]["max_miou_drop_pts"]
@@ -137,9 +139,11 @@ def test_upgrade_keeps_the_users_params_and_names_every_changed_default(tmp_path
     assert "  bench.retired_knob is no longer read (removed; it was 3)" in lines
     assert f"  default of bench.runs: 7 -> {defaults['bench']['runs']!r}" in lines
     assert f"  default of prepare.calib_size: 999 -> {defaults['prepare']['calib_size']!r}" in lines
+    # A null default reads as YAML spells it (the task's value: quantize_static.max_drop_pts).
+    assert "  default of quantize_static.max_drop_pts: 0.5 -> null" in lines
     params = yaml.safe_load((repo / "params.yaml").read_text())
     assert params["prepare"]["calib_size"] == 123  # the user's value, not the new default
-    assert params["quantize_static"]["max_drop_pts"] == defaults["quantize_static"]["max_drop_pts"] + 0.25
+    assert params["quantize_static"]["max_drop_pts"] == 0.75
     assert params["gates"]["max_miou_drop_pts"] == defaults["gates"]["max_miou_drop_pts"]
     assert "retired_knob" not in params["bench"]
     assert params["quantize_static"]["extra_options"] == {"CalibPercentile": 99.9}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -583,6 +584,8 @@ def test_the_decode_stays_float_in_the_static_model(detection_run):
     assert not [n for n in static.graph.node if n.op_type == "QuantizeLinear"
                 and n.input[0] in tail_outputs]
     assert q["task"] == "detection" and "map_50_95" in q["val"]
+    # Judged by a detector's bar (quantize_static.max_drop_pts: null), one point of mAP.
+    assert q["max_drop_pts"] == 1.0 and re.search(r"points (<=|>) 1\.0 ", q["verdict"])
 
 
 @pytest.mark.slow  # quantize_static and evaluate twice by hand, ~40 s

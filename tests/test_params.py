@@ -85,6 +85,23 @@ def test_defaults_are_the_fast_x86_path():
     assert p.quantize_static.reduce_range == p.quantize_dynamic.reduce_range == "auto"
 
 
+def test_the_drop_bar_is_the_tasks_unless_set():
+    """quantize_static.max_drop_pts: null is the task's: 0.5 pp of a classifier's accuracy and
+    0.5 points of a segmenter's mIoU, one point of a detector's mAP@[.5:.95] (the tolerance
+    table's "excellent"); a value of the user's holds for every task."""
+    from quantpipe.tasks import TASKS
+
+    p = Params().quantize_static
+    assert p.max_drop_pts is None
+    assert {t: p.for_task(t).max_drop_pts for t in TASKS} == {
+        "classification": 0.5, "detection": 1.0, "segmentation": 0.5}
+    mine = parse_params({"quantize_static": {"max_drop_pts": 0.3}}).quantize_static
+    assert {mine.for_task(t).max_drop_pts for t in TASKS} == {0.3}
+    assert _error({"quantize_static": {"max_drop_pts": -1}}).endswith(
+        "quantize_static.max_drop_pts = -1.0 is not allowed; use a number >= 0, or null (the "
+        "task's)")
+
+
 def test_empty_mapping_gives_defaults(tmp_path):
     path = tmp_path / "params.yaml"
     path.write_text("")

@@ -88,6 +88,7 @@ def test_first_repro_runs_every_stage_and_writes_the_contract(project):
     assert q["val"]["flips"] == q["val"]["fp32_right_int8_wrong"] + q["val"]["int8_right_fp32_wrong"]
     assert q["pool"]["samples"] == min(2000, prepared["train_samples"] - prepared["calib_samples"])
     assert q["real_drop"] is False and q["verdict"].startswith("validation drop")
+    assert q["max_drop_pts"] == 0.5  # a classifier's bar (quantize_static.max_drop_pts: null)
     assert all({"val", "pool", "real_drop", "verdict"} <= set(step) for step in q["fallback_steps"])
     static_eval = json.loads((repo / "metrics/eval/static.json").read_text())
     assert {"fp32_right_int8_wrong", "int8_right_fp32_wrong", "mcnemar_p"} <= set(static_eval)

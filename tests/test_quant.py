@@ -86,7 +86,7 @@ def _static_result(fp32_path, tmp_path, calib, info, val_accuracy=None,
     # No accuracy fallback unless a test asks for it: these tests look at plain quantization.
     overrides.setdefault("max_fallback_steps", 0)
     out = tmp_path / "static.onnx"
-    p = QuantizeStaticParams(**overrides)
+    p = QuantizeStaticParams(**overrides).for_task("classification")
     result = ort_static.quantize_static_with_fallback(
         fp32_path, out, calib.x, info, p,
         _threshold_check(val_accuracy or _val_accuracy(calib, info), p.max_drop_pts))

@@ -61,7 +61,7 @@ def judge(hard_path, sets):
     _, val, pool, info = sets
     val_x, pool_x = data.normalize(val.x, info), data.normalize(pool.x, info)
     ref_val, ref_pool = _predict(hard_path, val_x), _predict(hard_path, pool_x)
-    p = QuantizeStaticParams()
+    p = QuantizeStaticParams().for_task("classification")
 
     def check(path: Path) -> criterion.Judged:
         return criterion.assess(_predict(path, val_x), _predict(path, pool_x), ref_val, ref_pool,

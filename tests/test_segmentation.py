@@ -158,7 +158,7 @@ def test_tiny_segmenter_names_the_image_sizes_it_takes():
 def _static_params():
     from quantpipe.schemas.quantize_static import QuantizeStaticParams
 
-    return QuantizeStaticParams()
+    return QuantizeStaticParams().for_task("segmentation")
 
 
 def _digit_mask_folder(root, n=360, size=32):

@@ -30,9 +30,9 @@ def static_record(result: StaticResult, settings: dict, p: QuantizeStaticParams,
         **mac_summary(model, sample_shape),
         **task_metrics,
         "fallback_steps": result.steps,
-        # The task's validation score (accuracy, mAP@[.5:.95], mIoU: `score` names it) and the
-        # drop in points.
-        "score": score_key, "fp32_val_score": round(fp32_score, 6),
+        # The task's validation score (accuracy, mAP@[.5:.95], mIoU: `score` names it), the
+        # drop in points, and the bar it was judged by (max_drop_pts, the task's when null).
+        "score": score_key, "fp32_val_score": round(fp32_score, 6), "max_drop_pts": p.max_drop_pts,
         "val_score": last["val_score"], "val_drop_pts": result.drop_pts,
         # What the decision rests on (the kept model): flips and agreement, val and pool.
         "val": last["val"], "pool": last["pool"], "real_drop": last["real_drop"],

@@ -3,6 +3,7 @@ and the fallback."""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -11,6 +12,7 @@ from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType
 
 from quantpipe import isa
 from quantpipe.params import check
+from quantpipe.tasks import default
 
 
 # The extra_options keys ORT's quantize_static reads (onnxruntime/quantization/quantize.py);
@@ -99,7 +101,12 @@ class QuantizeStaticParams(isa.ReduceRange):
     # min_pool_agreement), the engine's fallback runs: ORT's recovery ladder
     # (quant.quantize_static_with_fallback; max_fallback_steps rounds of per-node candidates)
     # or NNCF's accuracy control (at most max_fallback_steps quantizer groups reverted).
-    max_drop_pts: float = 0.5
+    # null: the task's (for_task): 0.5 pp of accuracy, 0.5 points of mIoU, and 1 point of
+    # mAP@[.5:.95] for a detector, the practitioners' tolerance table's "excellent" (under 1
+    # point; gates.warn_map_drop_pts): a detector has no McNemar test to tell noise from loss,
+    # and its validation mAP on a few hundred images moves by tenths of a point between
+    # equally good candidates (0.60 to 1.29 across the ladder's, 7-bit weights on an AVX2 CPU).
+    max_drop_pts: float | None = None
     # A screening level, not a publication one: a false alarm costs a fallback step, a missed
     # drop ships a worse model (Entropy on the default model: 8 vs 2 flips, p = 0.055).
     significance: float = 0.1
@@ -127,8 +134,8 @@ class QuantizeStaticParams(isa.ReduceRange):
               self.calib_num_bins, f"an integer > calib_num_quantized_bins ({self.calib_num_quantized_bins})")
         check(self.calib_memory_mb >= 16, "quantize_static.calib_memory_mb", self.calib_memory_mb,
               "an integer >= 16 (MiB)")
-        check(self.max_drop_pts >= 0, "quantize_static.max_drop_pts",
-              self.max_drop_pts, "a number >= 0")
+        check(self.max_drop_pts is None or self.max_drop_pts >= 0, "quantize_static.max_drop_pts",
+              self.max_drop_pts, "a number >= 0, or null (the task's)")
         check(0 < self.significance < 1, "quantize_static.significance", self.significance,
               "a probability in (0, 1), e.g. 0.05")
         check(0 < self.min_pool_agreement <= 1, "quantize_static.min_pool_agreement",
@@ -149,3 +156,10 @@ class QuantizeStaticParams(isa.ReduceRange):
         if percentile is not None:
             check(isinstance(percentile, (int, float)) and 0 < percentile <= 100,
                   "quantize_static.extra_options.CalibPercentile", percentile, "a number in (0, 100]")
+
+    def for_task(self, task: str) -> "QuantizeStaticParams":
+        """These params with the task's max_drop_pts where it is null (task: the prepared
+        data's, quantpipe.data.DataInfo.task)."""
+        if self.max_drop_pts is not None:
+            return self
+        return dataclasses.replace(self, max_drop_pts=default(task, "quantize_static.max_drop_pts"))

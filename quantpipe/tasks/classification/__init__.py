@@ -10,7 +10,8 @@ from quantpipe.tasks.base import Listing, Score, TaskSpec
 class ClassificationSpec(TaskSpec):
     name = "classification"
     defaults = {"prepare.source": "mnist5k", "prepare.image_size": 28, "train.model": "mnist_net",
-                "train.epochs": 10, "train.batch_size": 64, "train.lr": 1e-3}
+                "train.epochs": 10, "train.batch_size": 64, "train.lr": 1e-3,
+                "quantize_static.max_drop_pts": 0.5}
     # mnist5k and digits ship inside installed wheels; the others read prepare.path.
     sources = ("mnist5k", "digits", "imagefolder", "npz", "torchvision:")
     score = Score("accuracy", "accuracy_drop_pp", "pp", "max_accuracy_drop_pp", "accuracy")

@@ -76,9 +76,10 @@ def judge(val_out: np.ndarray, pool_out: np.ndarray, ref_val_map: float, ref_poo
     Unlike a classifier's (quantpipe.criterion), high agreement on the pool does not excuse a
     drop: agreement counts detections that match at IoU >= 0.5, while mAP@[.5:.95] also scores
     how tight the boxes are (a quantized decode kept 99.7% agreement and lost 4.3 points). And
-    mAP is not a count of flipped images: on a few hundred images it moves little by chance,
-    so there is no McNemar test to tell noise from loss. min_pool_agreement is recorded
-    beside the verdict."""
+    mAP is not a count of flipped images, so there is no McNemar test to tell noise from loss:
+    on a few hundred images it moves by tenths of a point between equally good candidates,
+    which is why a detector's max_drop_pts is one point by default (its TaskSpec).
+    min_pool_agreement is recorded beside the verdict."""
     from quantpipe.criterion import Judged
 
     metrics, _ = scored(val_out, val, info, p)

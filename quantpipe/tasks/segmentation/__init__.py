@@ -22,7 +22,7 @@ class SegmentationSpec(TaskSpec):
     # 10 epochs of the embedded canvases: ~4 minutes on 2 cores, validation mIoU ~0.88.
     defaults = {"prepare.source": "digits_masks", "prepare.image_size": 64,
                 "train.model": "tiny_segmenter", "train.epochs": 10, "train.batch_size": 16,
-                "train.lr": 3e-3}
+                "train.lr": 3e-3, "quantize_static.max_drop_pts": 0.5}
     # digits_masks: the detection canvases with per-pixel masks, inside installed wheels;
     # masks: images/, masks/ and classes.txt under prepare.path.
     sources = ("digits_masks", "masks")
