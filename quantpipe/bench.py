@@ -288,7 +288,7 @@ def add_versus(best: dict, grid: dict[str, dict[str, dict[tuple[str, str], Laten
 
 def _fastest(grid: dict, name: str, among: list[str], bs: str) -> dict:
     """The lowest median of `name` over runtimes `among` and every thread count, unless its tail
-    is loose and a configuration as fast has a tight one (tails.choose)."""
+    is loose and a configuration ranks before it by tails.pace (tails.choose)."""
     options = [(by_size[bs][(name, rt)], rt, count) for count, by_size in grid.items()
                for rt in among if (name, rt) in by_size[bs]]
     lat, runtime, count = tails.choose(options, p50=lambda o: o[0].p50_ms, p99=lambda o: o[0].p99_ms)
