@@ -13,7 +13,8 @@ this machine's, named by the machine.json it records there:
 target will have, and any --set bench.KEY=VALUE), models/*.onnx, the test split (data/prepared)
 and wheels of this environment's versions of the packages the bench imports (--packages; pip
 download for the target's Python, --with-deps for a bare one; --wheel carries a wheel file as it
-is, a build of your own). There, a pinned package the target lacks or has in another version is
+is, a build of your own; openvino's, either way, without its GPU/NPU plugins and non-ONNX
+frontends: 31 MB of its 59). There, a pinned package the target lacks or has in another version is
 installed from them into the bundle's site/, put first on the stages' PYTHONPATH so they see the
 target's own packages too (its torch, onnx, numpy), and both machines run the same ONNX Runtime.
 `run` unpacks the bundle on the target, runs `remote_bench.py target` there (stages.machine, then
@@ -57,6 +58,13 @@ VARIANTS = ("fp32", "dynamic", "static", "qat", "bf16")
 NEEDS = {"numpy": "numpy", "onnx": "onnx", "onnxruntime": "onnxruntime", "yaml": "pyyaml",
          "tqdm": "tqdm"}
 TASK_NEEDS = {"segmentation": {"torch": "torch", "torchmetrics": "torchmetrics"}}
+# OpenVINO's wheel holds every device plugin and model frontend (59 MB for Python 3.12, more
+# than some transfers take: the device machine's 64 MiB a call, with the models beside it); the
+# bench compiles ONNX files for the CPU, so the bundle's copy leaves out the GPU and NPU
+# plugins, the GPU's kernel cache and the other frontends (31 MB).
+OPENVINO_UNUSED = re.compile(r"openvino/libs/(libopenvino_intel_(gpu|npu)_plugin\.so|cache\.json|"
+                             r"libopenvino_(tensorflow|tensorflow_lite|pytorch|paddle|gguf|jax)"
+                             r"_frontend\.so[.0-9]*)")
 
 
 # --- here: pack -------------------------------------------------------------------------------
@@ -94,6 +102,7 @@ def pack(project: Path, out: Path, runtimes: list[str], packages: list[str],
                 raise SystemExit("--packages needs --python-version: the target's Python, which "
                                  "the wheels are downloaded for")
             download(wheel_dir, pins[:len(packages)], python_version, with_deps)
+        slimmed = {w.name: cpu_only(w) for w in wheel_dir.glob("openvino-*.whl")}
         out.parent.mkdir(parents=True, exist_ok=True)
         partial = out.with_name(out.name + ".partial")
         with tarfile.open(partial, "w:gz") as tar:
@@ -123,7 +132,30 @@ def pack(project: Path, out: Path, runtimes: list[str], packages: list[str],
         partial.rename(out)
     print(f"packed {out} ({out.stat().st_size / 2**20:.1f} MiB; bench.runtimes {runtimes}; "
           f"wheels: {', '.join(carried) or 'none'})")
+    for name, saved in slimmed.items():
+        print(f"  {name}: CPU plugin and ONNX frontend only, {saved / 2**20:.1f} MiB left out")
     return out
+
+
+def cpu_only(wheel: Path) -> int:
+    """Rewrite an openvino wheel in place without the members OPENVINO_UNUSED matches, nor
+    their lines of its RECORD (pip installs what RECORD lists); the bytes left out."""
+    import zipfile
+
+    saved = 0
+    partial = wheel.with_name(wheel.name + ".partial")
+    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(partial, "w") as dst:
+        for info in src.infolist():
+            if OPENVINO_UNUSED.fullmatch(info.filename):
+                saved += info.file_size
+                continue
+            data = src.read(info)
+            if info.filename.endswith(".dist-info/RECORD"):
+                data = b"".join(line for line in data.splitlines(keepends=True)
+                                if not OPENVINO_UNUSED.fullmatch(line.split(b",")[0].decode()))
+            dst.writestr(info, data)  # its ZipInfo: the same compression and file modes
+    partial.replace(wheel)
+    return saved
 
 
 def _md5(path: Path) -> str:
@@ -371,7 +403,7 @@ def main() -> int:
     p = sub.add_parser("pack", help="the bundle for another machine")
     p.add_argument("out", type=Path)
     p.add_argument("--runtimes", nargs="+", default=["onnxruntime", "openvino"],
-                   help="bench.runtimes there (the openvino wheel alone is ~60 MB)")
+                   help="bench.runtimes there (openvino's wheel, CPU-only in the bundle, is 31 MB)")
     p.add_argument("--packages", nargs="*", default=[],
                    help="distributions to carry as wheels of this environment's versions "
                         "(e.g. onnxruntime pyyaml tqdm openvino)")

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -148,15 +149,16 @@ def test_pack_stops_on_a_missing_model_file_and_writes_no_bundle(tmp_path):
     assert not bundle.exists() and not list(tmp_path.glob("bundle*"))
 
 
-def _wheel(folder: Path, dist: str, version: str, module: str) -> Path:
-    """A pure-Python wheel of `dist` at `version` whose `module` says its version: made here,
-    nothing downloaded."""
+def _wheel(folder: Path, dist: str, version: str, module: str,
+           extra: dict[str, str] | None = None) -> Path:
+    """A pure-Python wheel of `dist` at `version` whose `module` says its version (and holds the
+    `extra` files): made here, nothing downloaded."""
     import base64
     import hashlib
     import zipfile
 
     info = f"{dist}-{version}.dist-info"
-    files = {f"{module}/__init__.py": f"__version__ = {version!r}\n",
+    files = {f"{module}/__init__.py": f"__version__ = {version!r}\n", **(extra or {}),
              f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n",
              f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
     record = "".join(
@@ -167,6 +169,31 @@ def _wheel(folder: Path, dist: str, version: str, module: str) -> Path:
         for name, text in {**files, f"{info}/RECORD": record}.items():
             z.writestr(name, text)
     return path
+
+
+def test_an_openvino_wheel_travels_with_its_cpu_plugin_and_onnx_frontend_only(tmp_path):
+    """OpenVINO's wheel (59 MB) is over what the device machine takes a call beside the models:
+    the bundle's copy leaves out the GPU/NPU plugins, the GPU's kernel cache and the frontends
+    the bench never loads, and pip installs what is left (its RECORD lists no missing file)."""
+    libs = {f"openvino/libs/{name}": name * 100 for name in (
+        "libopenvino_intel_cpu_plugin.so", "libopenvino_onnx_frontend.so.2641", "libopenvino.so.2641",
+        "libopenvino_intel_gpu_plugin.so", "libopenvino_intel_npu_plugin.so", "cache.json",
+        "libopenvino_pytorch_frontend.so.2641", "libopenvino_tensorflow_lite_frontend.so.2641")}
+    wheel = _wheel(tmp_path, "openvino", "2026.4.1", "openvino", libs)
+    saved = remote_bench.cpu_only(wheel)
+    kept = ["libopenvino.so.2641", "libopenvino_intel_cpu_plugin.so", "libopenvino_onnx_frontend.so.2641"]
+    assert saved == sum(len(text) for name, text in libs.items() if name.rsplit("/", 1)[1] not in kept)
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        record = z.read("openvino-2026.4.1.dist-info/RECORD").decode()
+    assert sorted(n.rsplit("/", 1)[1] for n in names if n.startswith("openvino/libs/")) == kept
+    assert sorted(line.split(",")[0] for line in record.splitlines()) == sorted(names)
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "-q",
+                    "--no-index", "--no-deps", "--target", str(site), str(wheel)], check=True)
+    assert sorted(p.name for p in (site / "openvino/libs").iterdir()) == kept
+    assert (site / "openvino/libs/libopenvino_intel_cpu_plugin.so").read_text() == \
+        libs["openvino/libs/libopenvino_intel_cpu_plugin.so"]
 
 
 def test_carried_wheels_shadow_the_targets_versions_and_keep_its_other_packages(tmp_path):
