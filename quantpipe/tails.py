@@ -5,11 +5,11 @@ batch 1 had p50 0.131 ms and p90 3.85 ms (its workers woken late): choosing by p
 that. The rule, used by bench's `best` and the report's `recommended`: the fastest median, unless
 its tail is loose (p99 over LOOSE_TAIL x its p50). A loose option then ranks as if its median
 were SAME_SPEED slower or a LOOSE_TAIL-th of its p99, whichever is more (`pace`), and the option
-of the lowest pace is chosen: one as fast (within SAME_SPEED) with a tight tail, or a slower
-one whose median is under a third of the loose p99. On this project's AVX2 EPYC, static at
-batch 1 on 2 threads of ONNX Runtime had p50 0.222 ms and p99 1.46 ms, OpenVINO's 2 threads
-0.319 ms and 0.423 ms: 44% slower at the median, a p99 3.4x shorter, what a server with a
-latency target takes.
+of the lowest pace is chosen: one as fast (within SAME_SPEED) with a tight tail, a slower one
+whose median is under a third of the loose p99, or a loose one of a shorter tail. On this
+project's AVX2 EPYC, static at batch 1 on 2 threads of ONNX Runtime had p50 0.222 ms and p99
+1.46 ms, OpenVINO's 2 threads 0.319 ms and 0.423 ms: 44% slower at the median, a p99 3.4x
+shorter, what a server with a latency target takes.
 """
 
 from __future__ import annotations

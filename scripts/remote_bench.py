@@ -102,7 +102,11 @@ def pack(project: Path, out: Path, runtimes: list[str], packages: list[str],
                 raise SystemExit("--packages needs --python-version: the target's Python, which "
                                  "the wheels are downloaded for")
             download(wheel_dir, pins[:len(packages)], python_version, with_deps)
-        slimmed = {w.name: cpu_only(w) for w in wheel_dir.glob("openvino-*.whl")}
+        slimmed = {}  # wheel: its size before and after
+        for wheel in wheel_dir.glob("openvino-*.whl"):
+            before = wheel.stat().st_size
+            cpu_only(wheel)
+            slimmed[wheel.name] = before, wheel.stat().st_size
         out.parent.mkdir(parents=True, exist_ok=True)
         partial = out.with_name(out.name + ".partial")
         with tarfile.open(partial, "w:gz") as tar:
@@ -132,14 +136,15 @@ def pack(project: Path, out: Path, runtimes: list[str], packages: list[str],
         partial.rename(out)
     print(f"packed {out} ({out.stat().st_size / 2**20:.1f} MiB; bench.runtimes {runtimes}; "
           f"wheels: {', '.join(carried) or 'none'})")
-    for name, saved in slimmed.items():
-        print(f"  {name}: CPU plugin and ONNX frontend only, {saved / 2**20:.1f} MiB left out")
+    for name, (before, after) in slimmed.items():
+        print(f"  {name}: CPU plugin and ONNX frontend only ({before / 2**20:.1f} -> "
+              f"{after / 2**20:.1f} MiB)")
     return out
 
 
 def cpu_only(wheel: Path) -> int:
     """Rewrite an openvino wheel in place without the members OPENVINO_UNUSED matches, nor
-    their lines of its RECORD (pip installs what RECORD lists); the bytes left out."""
+    their lines of its RECORD (pip installs what RECORD lists); the bytes left out, unpacked."""
     import zipfile
 
     saved = 0
@@ -409,7 +414,7 @@ def main() -> int:
                         "(e.g. onnxruntime pyyaml tqdm openvino)")
     p.add_argument("--wheel", type=Path, action="append", default=[], dest="wheels",
                    help="a wheel file to carry as it is (a build of your own, for the target's "
-                        "Python and platform); repeatable")
+                        "Python and platform; openvino's CPU-only); repeatable")
     p.add_argument("--set", action="append", default=[], dest="settings", metavar="bench.KEY=VALUE",
                    help="a bench param for the target (VALUE as YAML, e.g. bench.max_seconds=2); "
                         "repeatable")
