@@ -92,7 +92,8 @@ def _fastest_then_most_accurate(summary: dict, candidates: list[str], bs: str) -
         tail = tails.describe(p50[pick], best[pick]["p99_ms"])
         # steady's own tail is tight, or loose but shorter than pick's (tails.pace ranked it first).
         kind = "tight" if tails.tight(p50[steady], best[steady]["p99_ms"]) else "shorter"
-        if p50[steady] <= p50[pick] or kind == "tight" and p50[steady] <= p50[pick] * (1 + SAME_SPEED):
+        as_fast = p50[steady] <= p50[pick] * (1 + SAME_SPEED)
+        if p50[steady] <= p50[pick] or kind == "tight" and as_fast:
             return steady, (f"as fast as {pick} (within {SAME_SPEED:.0%}) with a {kind} tail "
                             f"({pick}'s {tail}), {among}")
         return steady, (f"{pick} is faster at the median but its tail is loose ({tail}); ranked "
