@@ -149,16 +149,20 @@ def cpu_only(wheel: Path) -> int:
 
     saved = 0
     partial = wheel.with_name(wheel.name + ".partial")
-    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(partial, "w") as dst:
-        for info in src.infolist():
-            if OPENVINO_UNUSED.fullmatch(info.filename):
-                saved += info.file_size
-                continue
-            data = src.read(info)
-            if info.filename.endswith(".dist-info/RECORD"):
-                data = b"".join(line for line in data.splitlines(keepends=True)
-                                if not OPENVINO_UNUSED.fullmatch(line.split(b",")[0].decode()))
-            dst.writestr(info, data)  # its ZipInfo: the same compression and file modes
+    try:
+        with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(partial, "w") as dst:
+            for info in src.infolist():
+                if OPENVINO_UNUSED.fullmatch(info.filename):
+                    saved += info.file_size
+                    continue
+                data = src.read(info)
+                if info.filename.endswith(".dist-info/RECORD"):
+                    data = b"".join(line for line in data.splitlines(keepends=True)
+                                    if not OPENVINO_UNUSED.fullmatch(line.split(b",")[0].decode()))
+                dst.writestr(info, data)  # its ZipInfo: the same compression and file modes
+    except BaseException:
+        partial.unlink(missing_ok=True)  # the wheel itself is untouched until the rename
+        raise
     partial.replace(wheel)
     return saved
 

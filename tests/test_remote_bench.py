@@ -196,6 +196,21 @@ def test_an_openvino_wheel_travels_with_its_cpu_plugin_and_onnx_frontend_only(tm
         libs["openvino/libs/libopenvino_intel_cpu_plugin.so"]
 
 
+def test_a_wheel_that_cannot_be_read_is_left_as_it_was(tmp_path):
+    """A damaged member stops the rewrite with zipfile's error; the wheel keeps its bytes and
+    no half-written copy stays beside it."""
+    wheel = _wheel(tmp_path, "openvino", "2026.4.1", "openvino",
+                   {"openvino/libs/libopenvino.so.2641": "x" * 1000})
+    data = bytearray(wheel.read_bytes())
+    at = data.index(b"x" * 1000)  # stored uncompressed: flip a byte its CRC covers
+    data[at] = ord("y")
+    wheel.write_bytes(bytes(data))
+    with pytest.raises(zipfile.BadZipFile):
+        remote_bench.cpu_only(wheel)
+    assert wheel.read_bytes() == bytes(data)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [wheel.name]
+
+
 def test_carried_wheels_shadow_the_targets_versions_and_keep_its_other_packages(tmp_path):
     """On the target a carried package of another version than the target's is installed where
     the stages import it first, and everything else the target's Python has stays importable:
