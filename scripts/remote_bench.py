@@ -77,6 +77,8 @@ def pack(project: Path, out: Path, runtimes: list[str], packages: list[str],
     the pins the target must match)."""
     import yaml
 
+    from quantpipe.io import atomic_path
+
     params = yaml.safe_load((project / "params.yaml").read_text())
     params["bench"]["runtimes"] = runtimes
     params["bench"].update(bench_settings(params, settings))
@@ -107,9 +109,7 @@ def pack(project: Path, out: Path, runtimes: list[str], packages: list[str],
             before = wheel.stat().st_size
             cpu_only(wheel)
             slimmed[wheel.name] = before, wheel.stat().st_size
-        out.parent.mkdir(parents=True, exist_ok=True)
-        partial = out.with_name(out.name + ".partial")
-        with tarfile.open(partial, "w:gz") as tar:
+        with atomic_path(out) as partial, tarfile.open(partial, "w:gz") as tar:
             tar.add(__file__, "remote_bench.py")
             for package in ("quantpipe", "stages"):
                 tar.add(project / package, package, filter=_source_only)
@@ -133,7 +133,6 @@ def pack(project: Path, out: Path, runtimes: list[str], packages: list[str],
             tar.add(Path(__file__).with_name("ort_threads.py"), "scripts/ort_threads.py")
             tar.add(wheel_dir, "wheels")
         carried = sorted(_wheel_name(w)[0] for w in wheel_dir.glob("*.whl"))
-        partial.rename(out)
     print(f"packed {out} ({out.stat().st_size / 2**20:.1f} MiB; bench.runtimes {runtimes}; "
           f"wheels: {', '.join(carried) or 'none'})")
     for name, (before, after) in slimmed.items():
@@ -147,23 +146,20 @@ def cpu_only(wheel: Path) -> int:
     their lines of its RECORD (pip installs what RECORD lists); the bytes left out, unpacked."""
     import zipfile
 
+    from quantpipe.io import atomic_path
+
     saved = 0
-    partial = wheel.with_name(wheel.name + ".partial")
-    try:
-        with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(partial, "w") as dst:
-            for info in src.infolist():
-                if OPENVINO_UNUSED.fullmatch(info.filename):
-                    saved += info.file_size
-                    continue
-                data = src.read(info)
-                if info.filename.endswith(".dist-info/RECORD"):
-                    data = b"".join(line for line in data.splitlines(keepends=True)
-                                    if not OPENVINO_UNUSED.fullmatch(line.split(b",")[0].decode()))
-                dst.writestr(info, data)  # its ZipInfo: the same compression and file modes
-    except BaseException:
-        partial.unlink(missing_ok=True)  # the wheel itself is untouched until the rename
-        raise
-    partial.replace(wheel)
+    with atomic_path(wheel) as partial, zipfile.ZipFile(wheel) as src, \
+            zipfile.ZipFile(partial, "w") as dst:
+        for info in src.infolist():
+            if OPENVINO_UNUSED.fullmatch(info.filename):
+                saved += info.file_size
+                continue
+            data = src.read(info)
+            if info.filename.endswith(".dist-info/RECORD"):
+                data = b"".join(line for line in data.splitlines(keepends=True)
+                                if not OPENVINO_UNUSED.fullmatch(line.split(b",")[0].decode()))
+            dst.writestr(info, data)  # its ZipInfo: the same compression and file modes
     return saved
 
 
