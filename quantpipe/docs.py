@@ -43,6 +43,7 @@ from quantpipe.profiling import describe_profile
 # report.md's table layout, settings as words and score keys
 from quantpipe.report import describe_config, describe_setting, markdown_table, score_keys
 from quantpipe.review import GATED_SPEEDUPS  # which speedups make gate judges
+from quantpipe.tables.deploy_sizes import deploy_sizes_table
 
 # The documents that hold generated tables.
 DOCUMENTS = ("README.md", "docs/*.md")
@@ -796,6 +797,7 @@ ONE_FILE_BLOCKS = {
     "scale": (scale_table, "metrics/scale.json"),
     "spread": (spread_table, "metrics/spread.json"),
     "ort_threads": (ort_threads_table, "metrics/ort_threads.json"),
+    "deploy_sizes": (deploy_sizes_table, "metrics/deploy_sizes.json"),
 }
 
 

@@ -68,15 +68,18 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def resources(images: int, seconds: float, workers_peak_rss_mb: float | None = None) -> dict:
+def resources(images: int, seconds: float, budget_mb: float | None = None,
+              workers_peak_rss_mb: float | None = None) -> dict:
     """What a stage cost, for its metrics: this process's peak resident memory (MB; VmHWM, which
     unlike ru_maxrss does not start from the parent's size at fork), its worker processes' when
-    it has any, and images per second."""
+    it has any, images per second, and the memory budget it planned within
+    (quantpipe.budget.Budget.total_mb)."""
     from quantpipe.memprobe import high_water_mb
 
     return {"peak_rss_mb": round(high_water_mb(), 1),
             **({} if workers_peak_rss_mb is None else
                {"workers_peak_rss_mb": round(workers_peak_rss_mb, 1)}),
+            **({} if budget_mb is None else {"memory_budget_mb": round(budget_mb)}),
             "images": images, "seconds": round(seconds, 2),
             "images_per_second": round(images / max(seconds, 1e-9), 1)}
 
@@ -142,20 +145,40 @@ def stage_args(stage: str, argv: list[str], *paths: str, variant: bool = False) 
 
 
 def run_stage(main: Callable[[list[str]], None]) -> None:
-    """Run a stage's main(argv): a UserError becomes one line on stderr and exit code 2.
+    """Run a stage's main(argv): a UserError becomes one line on stderr and exit code 2. First
+    it names any stage run the kernel killed since the last stage ended (quantpipe.watch), and
+    marks this one as running.
 
     Set QUANTPIPE_DEBUG=1 to get the full traceback instead.
     """
+    from quantpipe import watch
+
     # Python's default SIGTERM action exits without unwinding, leaving atomic_path's temp dirs
     # behind; as SystemExit the `finally` blocks run (exit code 143, as for a shell).
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    report_killed()
+    script = Path(sys.argv[0])  # python -m stages.<name>: the stage script's path
+    stage = script.stem + (f"@{sys.argv[1]}" if sys.argv[1:2] and sys.argv[1] in VARIANTS else "")
     try:
-        main(sys.argv[1:])
+        with watch.running(stage) if script.parent.name == "stages" else contextlib.nullcontext():
+            main(sys.argv[1:])
     except UserError as e:
         if os.environ.get("QUANTPIPE_DEBUG") == "1":
             raise
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+
+
+def report_killed(out=sys.stderr) -> int:
+    """One warning line per stage run killed since it was last reported (quantpipe.watch);
+    how many."""
+    from quantpipe import watch
+    from quantpipe.memprobe import machine_memory_mb
+
+    found = watch.killed()
+    for record in found:
+        print(f"warning: {watch.explain(record, machine_memory_mb())}", file=out)
+    return len(found)
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:

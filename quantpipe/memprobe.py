@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 
 def high_water_mb() -> float:
@@ -29,6 +30,27 @@ def high_water_mb() -> float:
     import resource  # not Linux: ru_maxrss (kB on Linux and BSD)
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def machine_memory_mb(meminfo: Path = Path("/proc/meminfo"),
+                      cgroup: Path = Path("/sys/fs/cgroup")) -> float:
+    """This machine's memory (MiB): MemTotal, or the cgroup's limit where it is lower (a
+    container sees the host's MemTotal)."""
+    total = None
+    for line in meminfo.read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            total = int(line.split()[1]) / 1024  # kB
+    limits = []
+    for path in (cgroup / "memory.max", cgroup / "memory" / "memory.limit_in_bytes"):
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            limits.append(int(text) / 2**20)
+    if total is None:
+        raise OSError(f"{meminfo}: no MemTotal line")
+    return min([total, *limits])
 
 
 def main() -> None:

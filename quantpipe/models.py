@@ -7,6 +7,7 @@ built with random weights for the dataset's channels and classes. Nothing is dow
 
 from __future__ import annotations
 
+import copy
 import io
 import re
 import time
@@ -19,9 +20,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from quantpipe import budget
+from quantpipe.budget import Budget, TrainingPlan
 from quantpipe.errors import UserError
 from quantpipe.modelinfo import INPUTS_DIR, ONNX_PREFIX, onnx_source  # noqa: F401 (re-exported)
 from quantpipe.surgery import replace_first_conv
+from quantpipe.training import accumulate
 
 if TYPE_CHECKING:
     from quantpipe.data import Normalized
@@ -250,12 +254,16 @@ class EpochStats:
 def train_model(model: nn.Module, x_train: np.ndarray | Normalized, y_train: np.ndarray,
                 x_val: np.ndarray | Normalized, y_val: np.ndarray, *, epochs: int, batch_size: int,
                 lr: float, max_shift: int, seed: int, progress: bool = True,
-                on_step: Callable[[nn.Module, int], None] | None = None) -> list[EpochStats]:
+                on_step: Callable[[nn.Module, int], None] | None = None,
+                micro_batch: int | None = None, eval_batch: int = 256) -> list[EpochStats]:
     """Adam + cross-entropy on normalized float32 (N, C, S, S) inputs (an array, or a split read
     a batch at a time); returns per-epoch stats.
 
     on_step(model, step) runs after each optimizer step (1, 2, ...): quantization-aware
-    training freezes BatchNorm and its ranges from there.
+    training freezes BatchNorm and its ranges from there. micro_batch: samples per
+    forward/backward, gradients accumulated over the batch (a memory budget's, see
+    quantpipe.budget.training_plan; BatchNorm then sees micro-batches); eval_batch: samples per
+    validation pass.
 
     Deterministic for a given seed on a given machine: seeded shuffling, augmentation and
     dropout, and deterministic kernels.
@@ -285,16 +293,18 @@ def train_model(model: nn.Module, x_train: np.ndarray | Normalized, y_train: np.
             xb = _random_shift(torch.from_numpy(x_train[idx.numpy()]), max_shift, background, gen)
             yb = y_all[idx]
             optimizer.zero_grad()
-            logits, loss = _logits_and_loss(model(xb), yb)
-            loss.backward()
+            for part in accumulate(len(idx), micro_batch):
+                logits, loss = _logits_and_loss(model(xb[part]), yb[part])
+                share = (part.stop - part.start) / len(idx)
+                (loss if share == 1 else loss * share).backward()
+                total_loss += loss.item() * (part.stop - part.start)
+                correct += int((logits.argmax(1) == yb[part]).sum())
             optimizer.step()
             step += 1
             if on_step is not None:
                 on_step(model, step)
-            total_loss += loss.item() * len(idx)
-            correct += int((logits.argmax(1) == yb).sum())
         seen = sum(len(b) for b in batches)
-        val_logits = predict_torch(model, x_val)
+        val_logits = predict_torch(model, x_val, eval_batch)
         val_loss = float(F.cross_entropy(torch.from_numpy(val_logits), torch.from_numpy(y_val)))
         history.append(EpochStats(
             epoch=epoch, train_loss=round(total_loss / seen, 6),
@@ -307,6 +317,43 @@ def train_model(model: nn.Module, x_train: np.ndarray | Normalized, y_train: np.
                   f"{h.val_accuracy:.4f} ({h.seconds:.1f}s)", flush=True)
     model.eval()
     return history
+
+
+def training_plan(memory: Budget, model: nn.Module, input_shape: tuple[int, ...],
+                  batch_size: int, *, what: str, key: str) -> TrainingPlan:
+    """Micro-batches and a validation batch for training `model` on (C, S, S) inputs within the
+    memory budget (quantpipe.budget.training_plan), from what its forward pass saves."""
+    return budget.training_plan(memory, saved_bytes(model, input_shape),
+                                sum(t.numel() * t.element_size() for t in model.parameters()),
+                                batch_size, what=what, key=key)
+
+
+def eval_batch(memory: Budget, model: nn.Module, input_shape: tuple[int, ...], *,
+               what: str) -> int:
+    """Samples per no-grad pass of `model` within the memory budget (at most 256)."""
+    return memory.batch(budget.EVAL_SAVED * saved_bytes(model, input_shape), cap=256,
+                        fixed=sum(t.numel() * t.element_size() for t in model.parameters()),
+                        what=what)
+
+
+def saved_bytes(model: nn.Module, input_shape: tuple[int, ...], samples: int = 2) -> float:
+    """Bytes per sample that autograd saves for backward in a training forward pass of `model`
+    (activations, masks, fake-quant's): what a training batch costs beyond the weights
+    (quantpipe.budget.training_plan). Measured on a copy, so BatchNorm statistics and
+    quantization observers of `model` do not see the random inputs."""
+    probe = copy.deepcopy(model).train()
+    params = {p.untyped_storage().data_ptr() for p in probe.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            storages[storage.data_ptr()] = max(storages.get(storage.data_ptr(), 0), storage.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        probe(torch.randn(samples, *input_shape))
+    return sum(storages.values()) / samples
 
 
 def _logits_and_loss(output, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -354,9 +401,10 @@ def predict_torch(model: nn.Module, x: np.ndarray | Normalized,
     return np.concatenate(out).astype(np.float32)
 
 
-def score_classifier(model: nn.Module, x: np.ndarray, y: np.ndarray) -> dict[str, float]:
+def score_classifier(model: nn.Module, x: np.ndarray, y: np.ndarray,
+                     batch_size: int = 256) -> dict[str, float]:
     """Accuracy and mean cross-entropy of a classifier on normalized inputs and their labels."""
-    logits = predict_torch(model, x)
+    logits = predict_torch(model, x, batch_size)
     loss = float(F.cross_entropy(torch.from_numpy(logits), torch.from_numpy(y)))
     return {"accuracy": round(float((logits.argmax(1) == y).mean()), 6), "loss": round(loss, 6)}
 

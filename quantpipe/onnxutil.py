@@ -215,16 +215,17 @@ def run_batched(session: ort.InferenceSession | Callable[[np.ndarray], np.ndarra
 
 
 class Outputs:
-    """Models' raw outputs on sets of images, one session per call at `level`; `images` counts
-    the images run (a stage's images/s)."""
+    """Models' raw outputs on sets of images, one session per call at `level`, `batch_size`
+    images a run (the stage's memory budget sizes it); `images` counts the images run (a
+    stage's images/s)."""
 
-    def __init__(self, level: ort.GraphOptimizationLevel) -> None:
-        self.level, self.images = level, 0
+    def __init__(self, level: ort.GraphOptimizationLevel, batch_size: int = 256) -> None:
+        self.level, self.batch_size, self.images = level, batch_size, 0
 
     def __call__(self, model: Path | bytes, *images: np.ndarray) -> list[np.ndarray]:
         session = make_session(model, level=self.level)
         self.images += sum(len(x) for x in images)
-        return [run_batched(session, x) for x in images]
+        return [run_batched(session, x, self.batch_size) for x in images]
 
 
 def parity_limit(expected: np.ndarray, tolerance: float) -> float:

@@ -77,6 +77,11 @@ def parse_seed(raw: dict, source: str = "params") -> int:
 # Keys renamed since they were published: the old name is one line saying the new one.
 RENAMED = {"quantize_static.max_accuracy_drop_pp": "quantize_static.max_drop_pts",
            "review.max_accuracy_drop_pp": "review.max_drop_pts"}
+# Keys no longer read, and what took their place (`quantpipe upgrade` drops them).
+REMOVED = {"quantize_static.calib_memory_mb": "resources.memory_mb now bounds the whole stage "
+                                              "(calibration included), and every other stage",
+           "bench.max_seconds": "bench.seconds now bounds a variant's whole bench, each "
+                                "measurement taking its share"}
 
 
 def build(cls: type[T], raw: object, prefix: str) -> T:
@@ -89,6 +94,9 @@ def build(cls: type[T], raw: object, prefix: str) -> T:
         if prefix + key in RENAMED:
             raise UserError(f"{prefix}{key} is now {RENAMED[prefix + key]} (the drop of the "
                             "task's score: accuracy, mAP or mIoU, in points); rename it")
+        if prefix + key in REMOVED:
+            raise UserError(f"{prefix}{key} is no longer read: {REMOVED[prefix + key]}; "
+                            "remove it")
     if unknown:
         raise UserError(f"unknown key {prefix}{unknown[0]}; allowed keys: {', '.join(fields)}")
     values = {name: _convert(hints[name], raw[name], prefix + name)

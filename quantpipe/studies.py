@@ -80,3 +80,32 @@ def repro(repo: Path, log: Path) -> float:
     start = time.perf_counter()
     dvc(repo, log, "repro")
     return time.perf_counter() - start
+
+
+TEXTURES = ("hgrating", "vgrating", "dgrating", "checker", "dots", "rings")
+
+
+def texture_folder(root: Path, per_class: int = 60, size: int = 256, seed: int = 7) -> None:
+    """An image folder of RGB JPEGs at `size` px, `per_class` per texture class (TEXTURES: three
+    gratings, a checkerboard, dots, rings), each a random frequency, phase and colour under
+    noise: a dataset of the size people deploy classifiers at, made here (nothing downloaded)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:size, 0:size]
+    for name in TEXTURES:
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            f, ph = rng.uniform(0.05, 0.2), rng.uniform(0, 6.28)
+            # Every pattern is drawn (the rings' centre from the generator too), one kept: the
+            # images of the deploy-size recipe as its check makes them, byte for byte.
+            g = {"hgrating": np.sin(f * yy + ph), "vgrating": np.sin(f * xx + ph),
+                 "dgrating": np.sin(f * (xx + yy) / 1.4 + ph),
+                 "checker": np.sign(np.sin(f * xx)) * np.sign(np.sin(f * yy + ph)),
+                 "dots": (np.sin(f * xx + ph) * np.sin(f * yy) > 0.6) * 2 - 1.0,
+                 "rings": np.sin(f * np.hypot(xx - rng.uniform(0, size),
+                                              yy - rng.uniform(0, size)))}[name]
+            colour = rng.uniform(40, 215, 3)
+            img = colour[None, None, :] + 40 * g[..., None] + rng.normal(0, 20, (size, size, 3))
+            Image.fromarray(img.clip(0, 255).astype(np.uint8)).save(root / name / f"{i:03d}.jpg",
+                                                                   quality=90)

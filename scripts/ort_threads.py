@@ -62,6 +62,7 @@ OPTIONS = {"bench": {"session.force_spinning_stop": "1"},
            "spinning": {},
            "block_base_4": {"session.force_spinning_stop": "1", "session.dynamic_block_base": "4"}}
 PROFILE_RUNS = 20
+PER_MEASUREMENT = 3.0  # seconds each latency measurement may take
 SCALING_NODES = 12  # the nodes each profile keeps (by time): the per-node scaling reads them
 
 
@@ -214,7 +215,7 @@ def batch_split(fp32: Path, static: Path, x: np.ndarray, cores: int, p: BenchPar
     same = (runners["static_batch_split"](x).argmax(1) == runners["static"](x).argmax(1)).mean()
     assert same >= 0.98, f"the batch split changed {1 - same:.1%} of static's top-1 answers"
     latency = bench.measure(runners, x, warmup=p.warmup, runs=p.runs, rounds=p.rounds,
-                            budget=p.max_seconds)
+                            budget=PER_MEASUREMENT)
     profiled = parallel_session(path, parts, cores // parts, streams, str(workdir / "split"))
     for _ in range(3):
         onnxutil.session_runner(profiled)(x)
@@ -264,7 +265,7 @@ def main() -> int:
     cores = probe["cores"]
     threads = bench.resolve_threads(("powers", "all"), cores)
     p = BenchParams(batch_sizes=tuple(args.batch_sizes), threads=threads, warmup=5, runs=args.runs,
-                    rounds=4, max_seconds=3.0)
+                    rounds=4, seconds=PER_MEASUREMENT * len(threads) * len(args.batch_sizes))
     info = data.load_info(project / "data/prepared")
     x = data.Normalized(data.load_split(project / "data/prepared", "test").x, info)
     fp32 = project / "models/fp32.onnx"

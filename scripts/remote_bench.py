@@ -170,7 +170,7 @@ def _md5(path: Path) -> str:
 def bench_settings(params: dict, settings: list[str]) -> dict:
     """--set bench.KEY=VALUE (VALUE as YAML) for the target's bench only, checked as params.yaml
     is (a bigger machine measures more thread counts and stream configurations: fewer runs
-    or a shorter bench.max_seconds bound its time)."""
+    or a shorter bench.seconds bound its time)."""
     import yaml
 
     from quantpipe.errors import UserError
@@ -416,7 +416,7 @@ def main() -> int:
                    help="a wheel file to carry as it is (a build of your own, for the target's "
                         "Python and platform; openvino's CPU-only); repeatable")
     p.add_argument("--set", action="append", default=[], dest="settings", metavar="bench.KEY=VALUE",
-                   help="a bench param for the target (VALUE as YAML, e.g. bench.max_seconds=2); "
+                   help="a bench param for the target (VALUE as YAML, e.g. bench.seconds=20); "
                         "repeatable")
     p.add_argument("--python-version", help="the target's Python (3.12): the wheels are for it")
     p.add_argument("--with-deps", action="store_true", help="their dependencies too (a bare Python)")

@@ -1,11 +1,13 @@
 """export: models/model.pt -> models/exported.onnx (dynamic batch), parity-checked vs PyTorch."""
 
+import time
+
 import torch
 
-from quantpipe import data, models, onnxutil, params
+from quantpipe import budget, data, models, onnxutil, params
 from quantpipe.tasks import bind
 from quantpipe.errors import UserError
-from quantpipe.io import run_stage, stage_args, write_bytes, write_json
+from quantpipe.io import resources, run_stage, stage_args, write_bytes, write_json
 from quantpipe.schemas.export import ExportParams
 from quantpipe.schemas.runtime import RuntimeParams
 from quantpipe.schemas.train import TrainParams
@@ -16,7 +18,7 @@ PARITY_SAMPLES = 256
 
 def main(argv: list[str]) -> None:
     args = stage_args("export", argv, "data", "model", "out", "metrics")
-    p, train_p = params.load(ExportParams), params.load(TrainParams)
+    p, train_p, start = params.load(ExportParams), params.load(TrainParams), time.perf_counter()
     level = params.load(RuntimeParams).graph_optimization_level
     info = data.load_info(args.data)
     task = bind.for_data(info)
@@ -28,7 +30,8 @@ def main(argv: list[str]) -> None:
         proto, facts = onnxutil.import_onnx(source, info.input_shape, info.num_classes, x, level,
                                             lambda out: task.check_output(out, str(source)))
         write_bytes(args.out, proto.SerializeToString())
-        write_json(args.metrics, facts)
+        write_json(args.metrics, {**facts,
+                                  "resources": resources(len(x), time.perf_counter() - start)})
         print(f"export: {source} checked against the data ({info.input_shape}, "
               f"{info.num_classes} classes) -> {args.out}")
         return
@@ -37,12 +40,15 @@ def main(argv: list[str]) -> None:
     proto = onnxutil.export_onnx(model, info.input_shape, p.opset)
     blob = onnxutil.check_and_serialize(proto, str(args.out))
 
+    memory = budget.load()  # both passes in batches that fit it
     with torch.no_grad():
-        expected = models.predict_torch(model, x)
+        expected = models.predict_torch(model, x, models.eval_batch(memory, model, info.input_shape,
+                                                                    what="export"))
     session = onnxutil.make_session(blob, level=level)
     # Batch 1 and a larger batch: the dynamic batch axis must work for both.
     got_one = onnxutil.run_batched(session, x[:8], batch_size=1)
-    got = onnxutil.run_batched(session, x, batch_size=len(x))
+    got = onnxutil.run_batched(session, x, batch_size=budget.inference_batch(
+        memory, proto, info.input_shape, cap=len(x), what="export's parity"))
     diff = max(onnxutil.max_abs_diff(got, expected), onnxutil.max_abs_diff(got_one, expected[:8]))
     limit = onnxutil.parity_limit(expected, p.max_abs_diff)
     if diff > limit:
@@ -55,7 +61,8 @@ def main(argv: list[str]) -> None:
     write_bytes(args.out, blob)
     write_json(args.metrics, {
         "opset": p.opset, "max_abs_diff": diff, "limit": limit, "parity_samples": len(x),
-        "size_bytes": len(blob), "nodes": len(proto.graph.node), **parity})
+        "size_bytes": len(blob), "nodes": len(proto.graph.node), **parity,
+        "resources": resources(len(x), time.perf_counter() - start, memory.total_mb)})
     print(f"export: max |onnx - torch| = {diff:.2e} on {len(x)} test images -> {args.out}")
 
 

@@ -63,7 +63,8 @@ def main(argv: list[str]) -> None:
         "calib_samples": len(calib), **({"task": p.task, **counts} if counts else {}),
         **({"declared_splits": {s: len(i) for s, i in declared.items()}} if declared else {}),
         **({"preprocessing_from": stated.by} if stated else {}),
-        "resources": resources(sum(sizes.values()), time.perf_counter() - start, workers_peak)})
+        "resources": resources(sum(sizes.values()), time.perf_counter() - start,
+                               workers_peak_rss_mb=workers_peak)})
     print(f"prepare: {', '.join(f'{n} {k}' for n, k in sizes.items())}, "
           f"calibration {len(calib)} -> {args.prepared}, {args.calibration}")
 

@@ -1,11 +1,9 @@
 """quantize_qat: models/model.pt fine-tuned with fake quantization -> models/qat.onnx (QDQ INT8).
 
-The fourth variant, for when post-training quantization loses too much: the trained model
-fine-tuned with U8/S8 fake quantization (ranges from data/calibration; a detector's decode kept
-in float), BatchNorm folded, exported as QDQ (quantpipe.engines.qat); an export that differs
-from the fake-quant model by the task's comparison is written and recorded as `failed`. Skipped
-(an empty file, the reason in the metrics) when disabled, for a brought ONNX, or for a model
-torch.fx or the exporter cannot handle; evaluate@qat, bench@qat and report follow suit.
+For when post-training quantization loses too much: U8/S8 fake quantization (ranges from
+data/calibration), BatchNorm folded, QDQ export (quantpipe.engines.qat); an export unlike the
+fake-quant model is written and recorded `failed`. Skipped (an empty file and the reason) when
+disabled, for a brought ONNX, or for a model torch.fx or the exporter cannot handle.
 """
 
 import sys
@@ -13,7 +11,7 @@ import time
 
 import torch
 
-from quantpipe import data, isa, models, onnxutil, params
+from quantpipe import budget, data, isa, models, onnxutil, params
 from quantpipe.tasks import bind
 from quantpipe.engines import qat, qat_parity
 from quantpipe.io import resources, run_stage, stage_args, write_bytes, write_json
@@ -51,35 +49,37 @@ def quantize(args) -> None:
     torch.manual_seed(seed)
     model = models.load_weights(
         models.build_model(name, info.channels, info.image_size, info.num_classes), args.model)
-    removed = qat.without_train_only_modules(model)
-    # A detector fake-quantizes its convolutions and keeps its decode in float (7-bit weights: reduce_range).
+    removed = qat.without_train_only_modules(model)  # (a detector's decode stays float)
     qmodel = qat.prepare_model(model, info.input_shape, p.per_channel, name, p.reduce_range)
     body = qat.body_of(qmodel)  # the fake-quantized graph
-    qat.calibrate(body, data.Normalized(calib.x, info), p.calib_batch_size)
-    # Calibrated ranges alone (PTQ in PyTorch): the baseline the fine-tune has to improve on.
-    before = task.torch_scores(qmodel, x_val, val)[task.validation_key]
+    # Fake quantization saves more for backward than train did: micro-batches of its own.
+    plan = models.training_plan(memory := budget.load(), qmodel, info.input_shape, p.batch_size,
+                                what=f"quantize_qat ({name})", key="quantize_qat.batch_size")
+    qat.calibrate(body, data.Normalized(calib.x, info), min(p.calib_batch_size, plan.eval_batch))
+    before = task.torch_scores(qmodel, x_val, val, plan.eval_batch)[task.validation_key]  # PTQ
     history, steps = qat.fit_with_fake_quant(body, lambda on_step: task.fit(
         qmodel, x_train, train, x_val, val, epochs=p.epochs, batch_size=p.batch_size, lr=p.lr,
-        max_shift=train_p.max_shift, seed=seed, on_step=on_step),
+        max_shift=train_p.max_shift, seed=seed, on_step=on_step, plan=plan),
         freeze_bn_after=p.freeze_bn_after, freeze_observers_after=p.freeze_observers_after)
     after = getattr(history[-1], task.history_key)
-    trained, expected = qat_parity.as_trained_and_exported(qmodel, body, x_test)  # folds BN
+    trained, expected = qat_parity.as_trained_and_exported(qmodel, body, x_test, plan.eval_batch)
     proto = qat.export_qdq(qmodel, info.input_shape, opset, name)
     blob = onnxutil.check_and_serialize(proto, str(args.out))
-    seconds = round(time.perf_counter() - start, 2)
-    # The export hop: the graph as written against the fake-quant model, then node by node.
-    parity, fused = qat_parity.export_parity(blob, proto, x_test, expected, trained, task.compare, level)
+    seconds = round(time.perf_counter() - start, 2)  # then the export hop's parity:
+    parity, fused = qat_parity.export_parity(blob, proto, x_test, expected, trained, task.compare,
+                                             level, plan.eval_batch)
     metrics = {
         "model": name, "epochs": p.epochs, "lr": p.lr, "per_channel": p.per_channel, "steps": steps,
         "freeze_bn_after": p.freeze_bn_after, "freeze_observers_after": p.freeze_observers_after,
-        "train_only_modules_removed": removed, "calib_samples": len(calib.y), "reduce_range": p.reduce_range,
+        "train_only_modules_removed": removed, "calib_samples": len(calib.y), **plan.record,
+        "reduce_range": p.reduce_range,
         f"{task.history_key}_calibrated": round(before, 6), task.history_key: after,
         f"test_{task.score.key}": task.test_scores(fused, test)[task.score.key],
         "epoch_seconds": [h.seconds for h in history], "seconds": seconds,
         "parity": parity, "size_bytes": len(blob), "ops": onnxutil.op_counts(proto),
         # Images through the model: calibration, every epoch's training set, the parity passes.
         "resources": resources(len(calib.y) + p.epochs * len(train) + 3 * len(test),
-                               time.perf_counter() - start)}
+                               time.perf_counter() - start, memory.total_mb)}
     failed, note = qat_parity.export_verdict(task.qat_limits(parity, p), parity, body, proto,
                                              x_test, scope=qat.scope_of(qmodel))
     if note:

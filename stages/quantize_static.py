@@ -11,7 +11,7 @@ allow_accuracy_drop): the report leaves it out of `recommended`, the gates fail 
 import logging
 import time
 
-from quantpipe import criterion, data, isa, onnxutil, params, representative
+from quantpipe import budget, criterion, data, isa, onnxutil, params, representative
 from quantpipe.tasks import bind
 from quantpipe.engines import record, registry
 from quantpipe.engines.base import StaticJob
@@ -47,7 +47,9 @@ def main(argv: list[str]) -> None:
     for w in warnings + task.static_warnings(val, p, params.load(PrepareParams).val_fraction):
         logging.warning("quantize_static: %s", w)
 
-    outputs = onnxutil.Outputs(level)  # counts the images run, for the stage's images/s
+    # Counts the images run, for the stage's images/s; its batches fit the memory budget.
+    outputs = onnxutil.Outputs(level, budget.inference_batch(
+        memory := budget.load(), fp32, info.input_shape, cap=256, what="quantize_static"))
     # The task's criterion: FP32's validation score, and each candidate's verdict against it.
     judge = task.static_judge(*outputs(args.fp32, val_x, pool_x), val, p)
 
@@ -66,7 +68,7 @@ def main(argv: list[str]) -> None:
             check=lambda model_path: judge.check(*outputs(model_path, val_x, pool_x)),
             pool_x=pool_x, pool_ref=judge.ref_pool,
             predict=lambda model, x: judge.labels(outputs(model.SerializeToString(), x)[0]),
-            float_tail=task.float_tail))
+            float_tail=task.float_tail, memory=memory))
         static = onnxutil.load_model(tmp)  # onnx.checker on what we are about to publish
         metrics = {**record.static_record(result, engine.settings(p, result), p, task.score.key,
                                           judge.fp32_score, task.static_metrics(judge, result, val),
@@ -75,7 +77,7 @@ def main(argv: list[str]) -> None:
                    "calibration_warnings": calibration_warnings,
                    "seconds": round(time.perf_counter() - start, 2), "size_bytes": tmp.stat().st_size,
                    "resources": resources(outputs.images + result.calib_samples_used,
-                                          time.perf_counter() - stage_start)}
+                                          time.perf_counter() - stage_start, memory.total_mb)}
         message = record.failure(result, p, registry.ENGINES.names())
         if message:
             # Still written: evaluate and bench measure it, and the report shows it failed,

@@ -1,8 +1,10 @@
 """simplify: onnxsim on models/exported.onnx -> models/fp32.onnx, parity re-checked on test images."""
 
-from quantpipe import data, onnxutil, params
+import time
+
+from quantpipe import budget, data, onnxutil, params
 from quantpipe.errors import UserError
-from quantpipe.io import run_stage, stage_args, write_bytes, write_json
+from quantpipe.io import resources, run_stage, stage_args, write_bytes, write_json
 from quantpipe.schemas.runtime import RuntimeParams
 from quantpipe.schemas.simplify import SimplifyParams
 from quantpipe.tasks import bind
@@ -12,7 +14,7 @@ PARITY_SAMPLES = 256
 
 def main(argv: list[str]) -> None:
     args = stage_args("simplify", argv, "data", "exported", "out", "metrics")
-    p = params.load(SimplifyParams)
+    p, memory, start = params.load(SimplifyParams), budget.load(), time.perf_counter()
     level = params.load(RuntimeParams).graph_optimization_level
     info = data.load_info(args.data)
     original = onnxutil.load_model(args.exported)
@@ -20,8 +22,10 @@ def main(argv: list[str]) -> None:
     blob = onnxutil.check_and_serialize(simplified, str(args.out))
 
     x = data.normalize(data.load_split(args.data, "test").x[:PARITY_SAMPLES], info)
-    expected = onnxutil.run_batched(onnxutil.make_session(args.exported, level=level), x)
-    got = onnxutil.run_batched(onnxutil.make_session(blob, level=level), x)
+    batch = budget.inference_batch(memory, original, info.input_shape, cap=256, sessions=2,
+                                   what="simplify's parity")
+    expected = onnxutil.run_batched(onnxutil.make_session(args.exported, level=level), x, batch)
+    got = onnxutil.run_batched(onnxutil.make_session(blob, level=level), x, batch)
     diff = onnxutil.max_abs_diff(got, expected)
     limit = onnxutil.parity_limit(expected, p.max_abs_diff)
     if diff > limit:
@@ -35,7 +39,8 @@ def main(argv: list[str]) -> None:
         "max_abs_diff": diff, "limit": limit, "parity_samples": len(x),
         "size_bytes_before": args.exported.stat().st_size, "size_bytes_after": len(blob),
         "ops_before": onnxutil.op_counts(original), "ops_after": onnxutil.op_counts(simplified),
-        "nodes_before": len(original.graph.node), "nodes_after": len(simplified.graph.node)})
+        "nodes_before": len(original.graph.node), "nodes_after": len(simplified.graph.node),
+        "resources": resources(2 * len(x), time.perf_counter() - start, memory.total_mb)})
     print(f"simplify: {len(original.graph.node)} -> {len(simplified.graph.node)} nodes, "
           f"max |diff| = {diff:.2e} -> {args.out}")
 

@@ -45,8 +45,65 @@ def test_summarize_single_value_and_dict():
     assert lat.p50_ms == lat.p90_ms == lat.p99_ms == lat.mean_ms == pytest.approx(2.0)
     assert lat.std_ms == 0 and lat.throughput == pytest.approx(32000.0)
     d = bench.as_dict(lat)
-    assert set(d) == {"p50_ms", "p90_ms", "p99_ms", "mean_ms", "std_ms", "throughput", "runs"}
+    assert set(d) == {"p50_ms", "p90_ms", "p99_ms", "mean_ms", "std_ms", "throughput", "runs",
+                      "round_p50_ms"}
+    assert d["round_p50_ms"] == []  # one list of timings: no rounds to tell apart
     json.dumps(d)  # plain JSON types
+    by_round = bench.summarize([[0.001, 0.003], [0.002, 0.002, 0.004]], batch_size=1)
+    assert by_round.runs == 5 and by_round.p50_ms == pytest.approx(2.0)
+    assert by_round.round_p50_ms == (2.0, 2.0)
+
+
+def test_runs_and_rounds_follow_the_first_runs_cost():
+    # Fits: exactly bench.runs in bench.rounds.
+    assert bench.plan_runs(300, 6, 0.001, budget=5.0) == (300, 6)
+    assert bench.plan_runs(300, 6, 10.0, budget=None) == (300, 6)  # no budget
+    # A 0.1 s batch in a 3 s share: 30 runs, still 6 rounds.
+    assert bench.plan_runs(300, 6, 0.1, budget=3.0) == (30, 6)
+    # A 3 s batch with no time left: the fewest rounds of one run, not bench.runs.
+    assert bench.plan_runs(300, 6, 3.0, budget=0.0) == (bench.MIN_ROUNDS, bench.MIN_ROUNDS)
+    # A 10 ms batch with no time left still gets MIN_SECONDS of runs (a p99 of some meaning).
+    assert bench.plan_runs(300, 6, 0.01, budget=0.0) == (int(bench.MIN_SECONDS / 0.01), 6)
+
+
+def test_the_time_budget_hands_each_measurement_a_share_of_what_is_left():
+    clock = bench.TimeBudget(10.0, 4)
+    assert clock.share() == pytest.approx(2.5, abs=0.05)
+    time.sleep(0.2)  # the first measurement used less than its share: the others get it
+    assert clock.share() == pytest.approx((10.0 - 0.2) / 3, abs=0.05)
+    assert clock.over() == 0.0
+    assert bench.TimeBudget(None, 3).share() is None
+
+
+def test_a_slow_model_is_timed_within_its_budget_with_a_speedup_range_over_rounds():
+    """Runs of 50 and 150 ms in a 0.3 s budget: MIN_SECONDS of runs, not 300, and each round's
+    median beside the overall one; the rows carry the speedup's lowest and highest round."""
+    calls = []
+
+    def slow(seconds):
+        def run(batch):
+            calls.append(seconds)
+            time.sleep(seconds)
+        return run
+
+    start = time.perf_counter()
+    lat = bench.measure({"int8": slow(0.05), "fp32": slow(0.15)}, np.zeros(1), warmup=10,
+                        runs=300, rounds=6, budget=0.3)
+    assert time.perf_counter() - start < 6.0  # a second of warm-up each, then 2 s of runs
+    least = int(bench.MIN_SECONDS / 0.2)  # one run of each takes 0.2 s, and a little more
+    assert lat["int8"].runs == lat["fp32"].runs and least - 1 <= lat["int8"].runs <= least
+    assert len(lat["int8"].round_p50_ms) == 6
+    rows = bench.rows_against({"threads1": {"bs1": lat}}, "int8", "fp32")
+    low, high = rows["threads1"]["bs1"]["speedup_range"].values()
+    assert low <= rows["threads1"]["bs1"]["speedup"] <= high and 2.0 < low and high < 4.0
+
+
+def test_one_stream_of_every_core_comes_from_the_latency_grid():
+    lat = bench.summarize([0.5], batch_size=64)
+    grid = {"threads2": {"bs1": {"m": lat}, "bs64": {"m": lat}}}
+    assert bench.from_latency(grid, cores=2, batch_size=64) == {
+        "m": {bench.StreamConfig(1, 2): pytest.approx(128.0)}}
+    assert bench.from_latency(grid, cores=4, batch_size=64) == {}  # 4 threads were not timed
 
 
 # --- measure ----------------------------------------------------------------------------------
@@ -175,7 +232,8 @@ def test_measure_throughput_counts_images_per_second_of_concurrent_streams():
                                      x, batches=4, warmup=1, rounds=2)
     assert rates["one"] == pytest.approx(8 / 0.01, rel=0.3)  # 800 images/s
     assert rates["two"] == pytest.approx(2 * rates["one"], rel=0.3)
-    # Warm-up once per runner, then 2 rounds of 4 batches per pool, split across its streams.
+    # Warm-up once per runner (a pool's streams side by side), then 2 rounds of 4 batches per
+    # pool, split across its streams.
     assert calls.count("one") == 1 + 2 * 4
     assert calls.count("a") == calls.count("b") == 1 + 2 * 2
 
@@ -218,6 +276,77 @@ def test_memory_profile_of_a_fresh_process(tmp_path):
     # Python + numpy + onnxruntime: tens of MB, and a model run only adds to it.
     assert 10 < mem["runtime_rss_mb"] < mem["peak_rss_mb"]["bs1"] <= mem["peak_rss_mb"]["bs256"]
     assert mem["load_ms"] > 0 and all(ms > 0 for ms in mem["first_run_ms"].values())
+
+
+def test_memory_profile_keeps_one_process_per_batch_size_when_out_of_time(tmp_path):
+    torch.manual_seed(0)
+    path = export_to(TwoConvNet().eval(), (1, 12, 12), tmp_path / "m.onnx")
+    mem = bench.memory_profile(path, (1, 12, 12), (1, 8), threads=1, runs=1,
+                               level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL, budget=0.0)
+    assert mem["repeats"] == 1 and set(mem["peak_rss_mb"]) == {"bs1", "bs8"}
+
+
+def test_bench_sessions_that_do_not_fit_stop_in_one_line_and_streams_shrink_to_fit(tmp_path):
+    from quantpipe import budget
+
+    torch.manual_seed(0)
+    path = export_to(TwoConvNet().eval(), (1, 12, 12), tmp_path / "m.onnx")
+    models = {"static": path, "fp32": path}
+    runtimes = {"static": {"onnxruntime": None, "openvino": None}, "fp32": {"onnxruntime": None}}
+    p = BenchParams(batch_sizes=(1, 4096))
+    held = budget.rss_bytes() / budget.MB
+    # Plenty: every stream of a 16-core machine.
+    assert bench.check_memory(budget.Budget(held + 4096, "t"), models, runtimes, (1, 12, 12), p,
+                              16) == 16
+    # Three sessions at batch 4,096 (~55 MiB in all) fit in 100 MiB, two streams of them not.
+    assert bench.check_memory(budget.Budget(held + 100, "t"), models, runtimes, (1, 12, 12),
+                              p, 16) == 1
+    with pytest.raises(UserError, match=r"bench: 3 sessions at batch 4096 need about .* lower "
+                                        r"bench.batch_sizes, drop a runtime of bench.runtimes "
+                                        r"or raise resources.memory_mb"):
+        bench.check_memory(budget.Budget(held + 1, "t"), models, runtimes, (1, 12, 12), p, 16)
+
+
+def test_parity_counts_the_samples_the_reference_decides():
+    """INT8 logits of two runtimes a rounding apart (~1): the reference's near-ties flip with it,
+    which says nothing of the kernels; a flip of a sample the reference decides still counts."""
+    from quantpipe.runtimes import base
+
+    rng = np.random.default_rng(0)
+    ref = rng.uniform(-300, 300, (100, 6)).astype(np.float32)
+    ref[:2, 0], ref[:2, 1] = 300.2, 300.0  # two near-ties
+    out = ref + 1.0
+    out[:2, 0] -= 3  # flipped, by a rounding
+    fine = base.parity(lambda b: ref[b[:, 0].astype(int)], lambda b: out[b[:, 0].astype(int)],
+                       np.arange(100).reshape(-1, 1), None, batch_size=50, min_agreement=0.995)
+    assert fine.agreement == 0.98 and fine.decided_agreement == 1.0 and fine.passed
+    assert fine.as_dict()["decided_samples"] == 98
+    wrong = out.copy()
+    wrong[50] = ref[50][::-1]  # a decided sample's answer changed: a wrong kernel
+    failed = base.parity(lambda b: ref[b[:, 0].astype(int)], lambda b: wrong[b[:, 0].astype(int)],
+                         np.arange(100).reshape(-1, 1), None, batch_size=50, min_agreement=0.995)
+    assert not failed.passed and "of the 98 it decides" in failed.failure("ORT")
+
+
+def test_a_runtime_as_faithful_to_fp32_as_the_reference_is_trusted():
+    """Two INT8 executions that disagree with each other on 1 sample in 5 (classes a rounding
+    apart), each agreeing with FP32 as well as the other: the candidate is trusted; one that
+    agrees with FP32 less is not."""
+    from quantpipe.runtimes import base
+
+    fp32 = np.eye(5, dtype=np.float32)[[0, 1, 2, 3, 4] * 4] * 10  # 20 samples, classes 0..4
+    ref, out = fp32.copy(), fp32.copy()
+    ref[[0, 5], 1] = 10.5   # the reference runtime flips two samples of class 0 to 1 ...
+    out[[2, 7], 3] = 10.5   # ... the candidate two of class 2: as faithful, 80% with each other
+    x = np.arange(20).reshape(-1, 1)
+    run = lambda logits: (lambda b: logits[b[:, 0]])  # noqa: E731
+    ok = base.parity(run(ref), run(out), x, None, batch_size=20, min_agreement=0.995, fp32=fp32)
+    assert ok.agreement == 0.8 and ok.fp32_agreement == ok.reference_fp32_agreement == 0.9
+    assert ok.as_faithful and ok.passed
+    worse = out.copy()
+    worse[[12, 17], 4] = 10.5
+    bad = base.parity(run(ref), run(worse), x, None, batch_size=20, min_agreement=0.995, fp32=fp32)
+    assert not bad.passed and "with FP32 80.00% against ORT's 90.00%" in bad.failure("ORT")
 
 
 def test_memory_profile_names_the_model_that_fails(tmp_path):
@@ -685,6 +814,22 @@ def test_gate_fails_on_a_large_accuracy_drop():
     assert "static" in failures[0] and "gates.max_accuracy_drop_pp" in failures[0]
     failures = report.check_gates(_summary(dynamic_drop=3.0), GatesParams(max_accuracy_drop_pp=1.0))
     assert len(failures) == 1 and failures[0].startswith("dynamic")
+
+
+def test_a_drop_the_test_split_cannot_tell_from_noise_passes_the_gate_with_a_note():
+    """2 of 72 test images lost and none won (McNemar p = 0.25) is 2.78 pp: over the gate, but
+    noise at gates.significance; 6 lost and none won (p = 0.016) is real."""
+    noisy = _summary(static_drop=2.78)
+    noisy["static"].update({"mcnemar_p": 0.25, "test_flips": {"lost": 2, "won": 0}})
+    gates = GatesParams(max_accuracy_drop_pp=1.0)
+    assert report.check_gates(noisy, gates) == []
+    (note,) = report.tolerance_notes(noisy, gates)
+    assert note.startswith("static loses 2.78 pp of test accuracy") and "McNemar p = 0.25" in note
+    real = _summary(static_drop=8.33)
+    real["static"].update({"mcnemar_p": 0.0156, "test_flips": {"lost": 6, "won": 0}})
+    (failure,) = report.check_gates(real, gates)
+    assert "gates.max_accuracy_drop_pp" in failure
+    assert report.check_gates(noisy, GatesParams(max_accuracy_drop_pp=1.0, significance=0.3))
 
 
 def test_gate_fails_on_small_static_speedup_at_the_largest_batch():

@@ -200,7 +200,7 @@ def test_the_wheel_installed_elsewhere_runs_the_pipeline_in_a_new_repository(tmp
     assert where.startswith(str(venv)), where
     set_params(repo, {"train": {"epochs": 2},
                       "bench": {"runtimes": ["onnxruntime"], "batch_sizes": [1, 8], "threads": ["all"],
-                                "warmup": 2, "runs": 10, "rounds": 2, "max_seconds": 0.5},
+                                "warmup": 2, "runs": 10, "rounds": 2, "seconds": 5.0},
                       "quantize_qat": {"epochs": 1}, "gates": {"enforce": False}})
     repro = subprocess.run([sys.executable, "-m", "dvc", "repro"], cwd=repo, env=env,
                            capture_output=True, text=True, timeout=1500)

@@ -125,3 +125,26 @@ def test_assess_records_the_comparisons_and_the_verdict():
     assert not judged.real and "is noise" in record["verdict"]  # 2 vs 1: McNemar p = 0.5
     assert record["rule"] == "mcnemar_noise"
     assert list(judged.predictions) == list(pred) + list(ref[:4])
+
+
+def test_pool_agreement_counts_the_images_fp32_decides():
+    """Logits of +-300 whose INT8 twin differs by ~1: flips of images FP32 separates by less than
+    that are near-ties no faithful INT8 model avoids; the pool rules count the others. Where
+    FP32 decides fewer than half the pool by that margin, every image counts."""
+    rng = np.random.default_rng(0)
+    ref = rng.uniform(-300, 300, (200, 6)).astype(np.float32)
+    near = [0, 1, 2]
+    ref[near, 0], ref[near, 1] = 300.1, 300.0  # FP32 decides these by 0.1
+    out = ref + 1.0  # off by 1 everywhere, the same order
+    out[near, 0] -= 5  # flip the three near-ties
+    c = criterion.compare(out.argmax(1), ref.argmax(1), logits=(out, ref))
+    assert c.agreement < 1.0 and c.decided_agreement == 1.0
+    assert c.counted_agreement == 1.0 and c.decided_samples > 150
+    judged = criterion.judge(_val(4, 1), c, **LIMITS)  # a validation drop McNemar calls noise
+    assert not judged.real and judged.rule == "mcnemar_noise"
+    ruled = criterion.judge(_val(4, 1), c, **{**LIMITS, "agreement_floor": 1.0 + 1e-9})
+    assert ruled.real and "the 197 of 200 pool images FP32 decides by more than 1" in ruled.why
+    # An error as large as FP32's margins on most images: every image counts.
+    noisy = ref + rng.uniform(-300, 300, ref.shape).astype(np.float32)
+    d = criterion.compare(noisy.argmax(1), ref.argmax(1), logits=(noisy, ref))
+    assert d.decided_agreement is None and d.counted_agreement == d.agreement < 0.97

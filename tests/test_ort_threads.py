@@ -102,7 +102,7 @@ def test_batch_split_is_the_same_function_with_a_logic_stream_per_slice(tiny_run
     else:
         np.testing.assert_allclose(got, want, atol=1e-6)
     # The measurement and its table, at a few runs.
-    p = BenchParams(batch_sizes=(8,), threads=(2,), warmup=1, runs=4, rounds=2, max_seconds=None)
+    p = BenchParams(batch_sizes=(8,), threads=(2,), warmup=1, runs=4, rounds=2, seconds=None)
     record = ort_threads.batch_split(repo / "models/fp32.onnx", static, x, 2, p, tmp_path)
     assert record["parts"] == 2 and record["node_threads"] >= 1
     assert set(record["latency"]) == {"fp32", "static", "static_batch_split"}

@@ -3,6 +3,7 @@ reader, static/dynamic INT8 graphs, exclusion, accuracy vs FP32, and the boundar
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ from onnx import numpy_helper
 from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType
 
 from helpers import TinyViT, TwoConvNet, export_to, info_for, structured_images, trained_on
-from quantpipe import criterion, data, isa, onnxutil
+from quantpipe import budget, criterion, data, isa, onnxutil
 from quantpipe.engines import base, dynamic, graph, nncf_ptq, ort_static
 from quantpipe.errors import UserError
 from quantpipe.schemas.quantize_dynamic import QuantizeDynamicParams
@@ -81,7 +82,7 @@ def _threshold_check(val_accuracy, max_drop_pp: float, fp32_accuracy: float = 1.
     return check
 
 
-def _static_result(fp32_path, tmp_path, calib, info, val_accuracy=None,
+def _static_result(fp32_path, tmp_path, calib, info, val_accuracy=None, memory=budget.UNLIMITED,
                    **overrides) -> tuple[onnx.ModelProto, base.StaticResult]:
     # No accuracy fallback unless a test asks for it: these tests look at plain quantization.
     overrides.setdefault("max_fallback_steps", 0)
@@ -89,7 +90,8 @@ def _static_result(fp32_path, tmp_path, calib, info, val_accuracy=None,
     p = QuantizeStaticParams(**overrides).for_task("classification")
     result = ort_static.quantize_static_with_fallback(
         fp32_path, out, calib.x, info, p,
-        _threshold_check(val_accuracy or _val_accuracy(calib, info), p.max_drop_pts))
+        _threshold_check(val_accuracy or _val_accuracy(calib, info), p.max_drop_pts),
+        memory=memory)
     assert result.symbolic_shape_inference is True
     return onnxutil.load_model(out), result  # load_model also runs onnx.checker
 
@@ -497,40 +499,62 @@ def _model_with_activation(shape: list, elem_type=onnx.TensorProto.FLOAT) -> onn
     return onnx.helper.make_model(graph)
 
 
-def test_activation_bytes_per_sample():
-    assert ort_static.activation_bytes_per_sample(_model_with_activation(["n", 256, 32, 32])) == 2**20
-    assert ort_static.activation_bytes_per_sample(_model_with_activation(["n", 8, "h", 4])) == 0
-    assert ort_static.activation_bytes_per_sample(
-        _model_with_activation(["n", 8, 8], onnx.TensorProto.INT64)) == 0
+def test_activations_per_sample():
+    """Two Relus of 1 MiB a sample: 2 MiB of intermediate tensors, 2 MiB alive at once (a node's
+    input and output), none fixed; at the size the data is prepared to, whatever the graph
+    declares."""
+    acts = budget.activations(_model_with_activation(["n", 256, 32, 32]), (256, 32, 32))
+    assert (acts.every, acts.live, acts.fixed, acts.weights) == (2**21, 2**21, 0, 0)
+    acts = budget.activations(_model_with_activation(["n", 8, "h", "w"]), (8, 128, 256))
+    assert (acts.every, acts.live) == (2**21, 2**21)
+
+
+def test_activations_fixed_part_does_not_grow_with_the_batch():
+    """A dequantized weight (a QDQ model's) costs the same at every batch size."""
+    weight = onnx.numpy_helper.from_array(np.zeros((16, 16), np.int8), "w")
+    scale = onnx.numpy_helper.from_array(np.array(0.1, np.float32), "s")
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("DequantizeLinear", ["w", "s"], ["wf"]),
+         onnx.helper.make_node("MatMul", ["x", "wf"], ["y"])], "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 16])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 16])],
+        initializer=[weight, scale])
+    acts = budget.activations(onnx.helper.make_model(graph), (16,))
+    assert (acts.every, acts.fixed, acts.weights) == (64, 1024, 256 + 4)
 
 
 def test_calibration_plan_bounds_memory():
-    model = _model_with_activation(["n", 256, 32, 32])  # 1 MiB per sample
+    acts = budget.Activations(every=2**20, live=2**18, weights=0)  # 1 MiB kept, 512 KiB a run
     entropy = QuantizeStaticParams(calibrate_method=ort_static.CalibrationMethod.Entropy,
-                                   calib_memory_mb=16, calib_batch_size=4)
-    assert ort_static.calibration_plan(model, entropy, 100) == (16, {})  # first 16 samples fit
-    assert ort_static.calibration_plan(model, entropy, 12) == (12, {})
-    # Histogram calibration needs equal batches (ORT stacks them): 10 -> two whole batches of 4.
-    assert ort_static.calibration_plan(model, entropy, 10) == (8, {})
-    assert ort_static.calibration_plan(model, entropy, 3) == (3, {})  # one short batch is equal too
-    minmax = QuantizeStaticParams(calib_memory_mb=16, calib_batch_size=4)
-    # MinMax reduces ranges slice by slice: every sample, in slices of the 16 samples that fit.
-    assert ort_static.calibration_plan(model, minmax, 100) == (100, {"CalibStridedMinMax": 16})
-    assert ort_static.calibration_plan(model, minmax, 16) == (16, {})  # all fit: one pass
-    assert ort_static.calibration_plan(model, QuantizeStaticParams(calib_memory_mb=16, calib_batch_size=32),
-                                  100) == (100, {"CalibStridedMinMax": 32})  # at least a batch
+                                   calib_batch_size=4)
+    plan = ort_static.calibration_plan
+    # 16 MiB: a batch of 4 runs in 2 MiB, 14 MiB keep 7 samples' activations twice over: the
+    # first whole batch of them.
+    assert plan(acts, 0, entropy, 100, 16 * 2**20) == ort_static.CalibrationPlan(4, 4)
+    assert plan(acts, 0, entropy, 3, 16 * 2**20) == ort_static.CalibrationPlan(3, 3)
+    assert plan(acts, 0, entropy, 6, 64 * 2**20) == ort_static.CalibrationPlan(4, 4)  # whole batches
+    minmax = QuantizeStaticParams(calib_batch_size=32)
+    # MinMax reduces every batch in the graph: every sample, in batches that fit.
+    assert plan(acts, 0, minmax, 100, 64 * 2**20) == ort_static.CalibrationPlan(100, 32)
+    assert plan(acts, 0, minmax, 100, 4 * 2**20) == ort_static.CalibrationPlan(100, 8)
+    with pytest.raises(UserError, match="raise resources.memory_mb"):
+        plan(acts, 0, minmax, 100, 2**18)
+    with pytest.raises(UserError, match="calibrate_method: MinMax"):
+        plan(acts, 0, entropy, 100, 2**20)
 
 
 def test_minmax_ranges_do_not_depend_on_the_memory_budget(fp32_path, tmp_path, calib, info,
                                                           monkeypatch):
-    """Activations so large that one calibration batch fills the budget (a big model): the
-    ranges are those of all samples at once. (ORT's own CalibMaxIntermediateOutputs dropped
-    every batch here: "No data is collected".)"""
+    """Activations so large that a budget fits one calibration sample a run (a big model): the
+    ranges are those of all samples in batches of four."""
     whole = _activation_scales(_static(fp32_path, tmp_path, calib, info, calib_batch_size=4))
-    monkeypatch.setattr(ort_static, "activation_bytes_per_sample", lambda model: 2**22)  # 4 MiB
-    squeezed = _activation_scales(_static(fp32_path, tmp_path, calib, info, calib_batch_size=4,
-                                          calib_memory_mb=16))  # 4 samples: one batch a slice
-    assert len(calib.x) > 4 and squeezed == pytest.approx(whole, rel=1e-6)
+    real = budget.activations
+    monkeypatch.setattr(budget, "activations",
+                        lambda model, shape: dataclasses.replace(real(model, shape), live=2**27))
+    squeezed, result = _static_result(fp32_path, tmp_path, calib, info, calib_batch_size=4,
+                                      memory=budget.Budget(budget.rss_bytes() / 2**20 + 400, "test"))
+    assert result.calib_batch_size == 1 and result.calib_samples_used == len(calib.x)
+    assert _activation_scales(squeezed) == pytest.approx(whole, rel=1e-6)
 
 
 # --- dynamic quantization ---------------------------------------------------------------------

@@ -285,10 +285,10 @@ def test_bench_params_set_for_the_target_are_checked_as_params_yaml_is(collected
     project = collected[0]
     bundle = tmp_path / "set.tar.gz"
     _script("--project", str(project), "pack", str(bundle), "--runtimes", "onnxruntime",
-            "--set", "bench.max_seconds=2", "--set", "bench.runs=150", cwd=tmp_path)
+            "--set", "bench.seconds=20", "--set", "bench.runs=150", cwd=tmp_path)
     with tarfile.open(bundle) as tar:
         bench = yaml.safe_load(tar.extractfile("params.yaml"))["bench"]
-    assert (bench["max_seconds"], bench["runs"], bench["runtimes"]) == (2, 150, ["onnxruntime"])
+    assert (bench["seconds"], bench["runs"], bench["runtimes"]) == (20, 150, ["onnxruntime"])
     for setting, says in [("bench.runs=0", "--set: bench.runs = 0 is not allowed"),
                           ("bench.max_second=2", "unknown key bench.max_second"),
                           ("train.epochs=1", "--set train.epochs=1: expected bench.KEY=VALUE")]:

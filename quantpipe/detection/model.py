@@ -154,7 +154,8 @@ def train_detector(model: nn.Module, x_train: np.ndarray, obj_train: tuple[np.nd
                    x_val: np.ndarray, obj_val: tuple[np.ndarray, ...], *,
                    epochs: int, batch_size: int, lr: float, seed: int,
                    score_map_50: Callable[[nn.Module], float], progress: bool = True,
-                   on_step: Callable[[nn.Module, int], None] | None = None) -> list[DetEpoch]:
+                   on_step: Callable[[nn.Module, int], None] | None = None,
+                   micro_batch: int | None = None) -> list[DetEpoch]:
     """AdamW with a cosine schedule on normalized (N, C, S, S) inputs, minimising the model's
     own `loss(x, objects)`; score_map_50(model) is the validation mAP@.5 after each epoch, and
     on_step(model, step) runs after each optimizer step (1, 2, ...) as in models.train_model.
@@ -175,4 +176,5 @@ def train_detector(model: nn.Module, x_train: np.ndarray, obj_train: tuple[np.nd
         return h
 
     return fit_epochs(model, len(x_train), batch_loss, end_epoch, epochs=epochs,
-                      batch_size=batch_size, lr=lr, seed=seed, on_step=on_step)
+                      batch_size=batch_size, lr=lr, seed=seed, on_step=on_step,
+                      micro_batch=micro_batch)

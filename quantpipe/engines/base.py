@@ -17,6 +17,7 @@ from typing import Callable, Protocol
 import numpy as np
 import onnx
 
+from quantpipe.budget import UNLIMITED, Budget
 from quantpipe.criterion import Judged
 from quantpipe.data import DataInfo
 from quantpipe.schemas.quantize_static import QuantizeStaticParams
@@ -38,6 +39,8 @@ class StaticJob:
     # as decode) in float: a detector's decode, where one scale over pixels and probabilities
     # costs mAP (detect.float_decode).
     float_tail: bool = False
+    # The stage's memory budget: calibration and the fallback's passes are sized to it.
+    memory: Budget = UNLIMITED
 
 
 class StaticEngine(Protocol):
@@ -70,6 +73,7 @@ class StaticResult:
     op_types_to_quantize: list[str] = dataclasses.field(default_factory=list)
     op_selection: str = ""
     tail_in_float: list[str] = dataclasses.field(default_factory=list)  # job.float_tail's nodes
+    calib_batch_size: int | None = None  # samples per calibration run (the memory budget's)
 
     @property
     def final(self) -> dict:

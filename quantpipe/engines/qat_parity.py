@@ -19,30 +19,31 @@ NODE_SAMPLES = 256  # test images for the node-by-node check (node_parity)
 
 
 def as_trained_and_exported(qmodel: torch.nn.Module, body: torch.fx.GraphModule,
-                            x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                            x: np.ndarray, batch_size: int = 256) -> tuple[np.ndarray, np.ndarray]:
     """The fake-quant model's outputs on x as trained, then as exported: its BatchNorm folded
     (`body`, the fake-quantized graph inside `qmodel`, is folded in place) and x / scale rounded
-    as ONNX does (onnx_rounding)."""
-    trained = models.predict_torch(qmodel, x)
+    as ONNX does (onnx_rounding); batch_size samples per pass."""
+    trained = models.predict_torch(qmodel, x, batch_size)
     fold_batch_norms(body)
     with onnx_rounding(body):
-        return trained, models.predict_torch(qmodel, x)
+        return trained, models.predict_torch(qmodel, x, batch_size)
 
 
 def export_parity(blob: bytes, proto: onnx.ModelProto, x: np.ndarray, expected: np.ndarray,
-                  trained: np.ndarray, compare,
-                  level: GraphOptimizationLevel) -> tuple[dict, np.ndarray]:
+                  trained: np.ndarray, compare, level: GraphOptimizationLevel,
+                  batch_size: int = 256) -> tuple[dict, np.ndarray]:
     """(the parity record, the deployed model's outputs): the written graph (`blob`, `proto`)
     on test images x against the fake-quant model's
     outputs as exported (`expected`: BN folded, ONNX rounding) by the task's `compare`.
     ORT_DISABLE_ALL runs its QuantizeLinear, DequantizeLinear and float ops one by one, the
     fake-quant model's arithmetic. At the deployed `level` ORT fuses the pairs into integer
     kernels whose requantization rounds differently, one step here and there in every layer:
-    that is recorded too, as `deployed` (evaluate@qat judges it against FP32 like static)."""
+    that is recorded too, as `deployed` (evaluate@qat judges it against FP32 like static).
+    batch_size: samples per run."""
     got = onnxutil.run_batched(onnxutil.make_session(
-        blob, level=GraphOptimizationLevel.ORT_DISABLE_ALL), x)
+        blob, level=GraphOptimizationLevel.ORT_DISABLE_ALL), x, batch_size)
     deployed = onnxutil.make_session(blob, level=level)
-    fused = onnxutil.run_batched(deployed, x)
+    fused = onnxutil.run_batched(deployed, x, batch_size)
     got_one = onnxutil.run_batched(deployed, x[:8], batch_size=1)  # the batch axis is dynamic
     return {**compare(got, expected), "output_step": output_step(proto),
             "deployed": {**compare(fused, expected), "level": level.name},

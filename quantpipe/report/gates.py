@@ -17,10 +17,11 @@ def gate_failures(summary: dict, gates: GatesParams) -> dict[str, str]:
     for which variant whatever the figures (`make gate` compares two revisions' keys)."""
     failures = {f"{variant} failed": f"{variant} failed: {summary[variant]['failed']}"
                 for variant in quantized_of(summary) if "failed" in summary[variant]}
-    score = tasks.for_summary(summary).score
+    task = tasks.for_summary(summary)
+    score = task.score
     for variant in quantized_of(summary):
         drop = summary[variant][score.drop_key]
-        if drop > getattr(gates, score.gate):
+        if drop > getattr(gates, score.gate) and not task.drop_noise(summary[variant], gates):
             failures[f"{variant} gates.{score.gate}"] = (
                 f"{variant} {score.label} drop {drop:.2f} {score.unit} > gates.{score.gate} = "
                 f"{getattr(gates, score.gate)}" + (f"; {score.advice}" if score.advice else ""))

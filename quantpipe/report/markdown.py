@@ -184,7 +184,7 @@ def _headline_table(rows: dict[str, dict], sizes: list[str]) -> list[str]:
         cells += [f"{s['size_bytes'] / 1e6:.2f}", _fmt(s.get("size_ratio"), ".3f")]
         cells += [_fmt(s["latency_p50_ms"].get(k), ".3f") for k in sizes]
         cells += [_fmt(s.get("latency_p99_ms", {}).get(k), ".3f") for k in sizes]
-        cells += [_fmt(s.get("speedup", {}).get(k), ".2f", prefix="x") for k in sizes]
+        cells += [speedup_cell(s, k) for k in sizes]
         if end_to_end:  # torch has no end-to-end row: its decode would be the variants' code
             cells += [_fmt(s.get("end_to_end", {}).get("speedup", {}).get(k), ".2f", prefix="x")
                       for k in sizes]
@@ -230,7 +230,7 @@ def _threads_table(rows: dict[str, dict], threads: list[int], sizes: list[str]) 
             body.append([variant, str(count)]
                         + [" / ".join(_fmt(entry.get(f"latency_{q}_ms", {}).get(k), ".3f")
                                       for q in ("p50", "p90", "p99")) for k in sizes]
-                        + [_fmt(entry.get("speedup", {}).get(k), ".2f", prefix="x") for k in sizes])
+                        + [speedup_cell(entry, k) for k in sizes])
     return markdown_table(head, body)
 
 
@@ -333,6 +333,16 @@ def _memory_section(rows: dict[str, dict], sizes: list[str], threads: int) -> li
 def describe_config(config: dict) -> str:
     streams, threads = config["streams"], config["threads"]
     return f"{streams} stream{'s' * (streams != 1)} x {threads} thread{'s' * (threads != 1)}"
+
+
+def speedup_cell(entry: dict, bs: str) -> str:
+    """'x3.10 (3.05-3.12)': the speedup at batch size `bs` and, where the bench recorded it,
+    its lowest and highest over the interleaved rounds."""
+    value = entry.get("speedup", {}).get(bs)
+    spread = entry.get("speedup_range", {}).get(bs)
+    if value is None or not spread:
+        return _fmt(value, ".2f", prefix="x")
+    return f"x{value:.2f} ({spread['low']:.2f}–{spread['high']:.2f})"
 
 
 def _fmt(value, spec: str, prefix: str = "") -> str:

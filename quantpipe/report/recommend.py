@@ -3,7 +3,7 @@ than FP32, tails weighed) and the server configuration as code."""
 
 from __future__ import annotations
 
-from quantpipe import serving, tails
+from quantpipe import serving, tails, tasks
 from quantpipe.report.summary import candidates_of, score_keys
 from quantpipe.schemas.gates import GatesParams
 
@@ -11,12 +11,14 @@ from quantpipe.schemas.gates import GatesParams
 def recommend(summary: dict, gates: GatesParams) -> dict[str, dict]:
     """The variant to ship per batch size: the fastest (its `best` configuration) among FP32 and
     the candidates (the INT8 variants and bf16) that did not fail their stage's check
-    (`failed`), keep within gates.max_accuracy_drop_pp and are no slower than
+    (`failed`), keep within gates.max_accuracy_drop_pp (or drop by what their test split cannot
+    tell from noise: the gates' rule, task.drop_noise) and are no slower than
     FP32 in any measurement at that batch size — every thread count (on ONNX Runtime; bf16's on
     its runtime) and the best configurations against each other. FP32 when none is; `why` says
     what decided it."""
     fp32 = summary["fp32"]
     _, drop_key, unit, gate = score_keys(summary)
+    task = tasks.for_summary(summary)
     recommended = {}
     for bs in fp32["latency_p50_ms"]:
         candidates, reasons = [], []
@@ -28,7 +30,7 @@ def recommend(summary: dict, gates: GatesParams) -> dict[str, dict]:
             slower = {k: v for k, v in speedups.items() if v < 1.0}
             if "failed" in entry:
                 reasons.append(f"{variant} failed its stage's check")
-            elif entry[drop_key] > getattr(gates, gate):
+            elif entry[drop_key] > getattr(gates, gate) and not task.drop_noise(entry, gates):
                 reasons.append(f"{variant} loses {entry[drop_key]:.2f} {unit} > gates.{gate}")
             elif slower:
                 reasons.append(f"{variant} is slower than FP32 ("

@@ -154,6 +154,10 @@ def _latency(rows_by_threads: dict[str, dict], threads: list[int], with_speedup:
             # speedup = baseline_p50_ms / latency_p50_ms, FP32's median from those rounds, which
             # differs from FP32's own bench by the machine's drift between the two runs.
             entry["speedup"] = {bs: r["speedup"] for bs, r in rows.items()}
+            # The lowest and highest speedup over the rounds: how far the median can be trusted.
+            spread = {bs: r["speedup_range"] for bs, r in rows.items() if "speedup_range" in r}
+            if spread:
+                entry["speedup_range"] = spread
             entry["baseline_p50_ms"] = {bs: r["baseline_p50_ms"] for bs, r in rows.items()}
         by_threads[f"threads{count}"] = entry
     return {**by_threads[f"threads{threads[0]}"], "by_threads": by_threads}

@@ -7,13 +7,14 @@ from pathlib import Path
 import numpy as np
 
 from quantpipe import bench, profiling
-from quantpipe.runtimes.base import Check, Runtime, describe_kernels
+from quantpipe.runtimes.base import Check, Runtime, describe_kernels, kernel_table
 from quantpipe.schemas.bench import BenchParams
 
 
 def time_runtimes(runtimes: dict[str, dict[str, Runtime]], reference: str, models: dict[str, Path],
                   checks: dict[str, dict[str, Check]], variant: str, x: np.ndarray,
-                  threads: tuple[int, ...], cores: int, p: BenchParams) -> dict:
+                  threads: tuple[int, ...], cores: int, p: BenchParams,
+                  clock: bench.TimeBudget | None = None, max_streams: int | None = None) -> dict:
     """Latency and throughput of models[variant] and models["fp32"] (and models["bf16"], the
     FP32 file in BF16, when given) on every runtime that can run them (runtimes[model]: the
     runtimes of that model's precision; checks: base.check per model), all in the same
@@ -26,17 +27,22 @@ def time_runtimes(runtimes: dict[str, dict[str, Runtime]], reference: str, model
     failed, and its rows against FP32 on the reference runtime (and the FP32 model's own on it
     under "baseline"), and "best": the fastest trusted runtime and configuration against the
     best trusted FP32 one (best_configuration), and against the best BF16 one when timed.
+    Each measurement takes its share of `clock` (bench.seconds by default); throughput runs
+    configurations of at most max_streams streams (bench.check_memory's).
     """
+    clock = clock or bench.TimeBudget(p.seconds, len(threads) * len(p.batch_sizes)
+                                      + len(bench.stream_configs(cores)))
     # A runtime that failed parity is still timed (its rows are shown, marked failed).
     timed = [(model, name) for model, by_runtime in checks.items()
              for name, c in by_runtime.items() if c.runs]
     grid = bench.latency_grid(
         lambda count: {(m, e): runtimes[m][e].runner(models[m], count) for m, e in timed},
-        x, threads, p, desc=f"bench {variant} latency")
+        x, threads, p, desc=f"bench {variant} latency", clock=clock)
     ips = bench.throughput_grid(
         lambda config: {(m, e): runtimes[m][e].pool(models[m], config.streams, config.threads)
                         for m, e in timed},
-        x, cores, p, desc=f"bench {variant} throughput")
+        x, cores, p, desc=f"bench {variant} throughput", clock=clock, max_streams=max_streams,
+        measured=bench.from_latency(grid, cores, max(p.batch_sizes)))
     largest, fp32 = max(p.batch_sizes), ("fp32", reference)
 
     def record(model: str, name: str) -> dict:
@@ -77,8 +83,42 @@ def time_runtimes(runtimes: dict[str, dict[str, Runtime]], reference: str, model
             "runtimes": records, "best": best}
 
 
+# Profiled runs at the largest batch: enough for a stable per-node median, fewer (at least
+# PROFILE_MIN_RUNS) where they would take more than their share of bench.seconds.
+PROFILE_RUNS = 20
+PROFILE_MIN_RUNS = 3
+
+
+def profile(runtimes: dict[str, Runtime], model: Path, checks: dict[str, Check], x: np.ndarray,
+            threads: tuple[int, ...], machine: dict, input_shape: tuple[int, ...], p: BenchParams,
+            level, clock: bench.TimeBudget, timings: dict, *, ort: bool) -> dict:
+    """What the model runs on: "kernels", each runtime's kernels at the largest batch (those that
+    ran it); with `ort`, ONNX Runtime's "memory" in a fresh process (bench.memory_profile) and its
+    "kernel_profile" (where the time goes), each in its share of `clock`, sized by a run's median
+    at the largest batch in `timings` (time_runtimes')."""
+    largest = bench.batch_of(x, max(p.batch_sizes))
+    cost_ms = timings["latency"][f"threads{threads[0]}"][f"bs{max(p.batch_sizes)}"]["p50_ms"]
+    out = {"kernels": {name: kernel_table(runtime.kernels(model, largest, threads[0],
+                                                          machine["cpu_flags"]))
+                       for name, runtime in runtimes.items()
+                       if checks[name].runs and hasattr(runtime, "kernels")}}
+    if ort:
+        # The peak comes with the first runs (the arena, then its memory pattern): 5 runs after
+        # the first, fewer where a run at the largest batch takes more than 0.1 s.
+        out["memory"] = bench.memory_profile(model, input_shape, p.batch_sizes, threads=threads[0],
+                                             level=level, budget=clock.share(),
+                                             runs=max(1, min(5, int(100 / max(cost_ms, 1e-6)))))
+        share = clock.share()
+        runs = PROFILE_RUNS if share is None else max(PROFILE_MIN_RUNS, min(
+            PROFILE_RUNS, int(share / max(cost_ms / 1e3, 1e-9))))
+        out["kernel_profile"] = profiling.profile_model(model, largest, level=level,
+                                                        threads=threads[0], runs=runs)
+    return out
+
+
 def end_to_end(postprocess, runtime: Runtime, reference: Runtime, models: dict[str, Path],
-               variant: str, x: np.ndarray, threads: tuple[int, ...], p: BenchParams) -> dict:
+               variant: str, x: np.ndarray, threads: tuple[int, ...], p: BenchParams,
+               clock: bench.TimeBudget | None = None) -> dict:
     """What an application waits for: the model, then the task's `postprocess` (a detector's
     decode + NMS, the same code for every variant), on `runtime` (the row's), interleaved with
     FP32's on the reference the same way."""
@@ -89,7 +129,7 @@ def end_to_end(postprocess, runtime: Runtime, reference: Runtime, models: dict[s
     return bench.latency_table(
         lambda count: {variant: runner(runtime, models[variant], count),
                        "fp32": runner(reference, models["fp32"], count)},
-        variant, x, threads, p, desc=f"bench {variant} end to end")
+        variant, x, threads, p, desc=f"bench {variant} end to end", clock=clock)
 
 
 def describe_timings(timings: dict) -> list[str]:

@@ -19,6 +19,7 @@ from quantpipe.schemas.prepare import PrepareParams
 from quantpipe.schemas.quantize_dynamic import QuantizeDynamicParams
 from quantpipe.schemas.quantize_qat import QuantizeQATParams
 from quantpipe.schemas.quantize_static import QuantizeStaticParams
+from quantpipe.schemas.resources import ResourcesParams
 from quantpipe.schemas.review import ReviewParams
 from quantpipe.schemas.runtime import RuntimeParams
 from quantpipe.schemas.simplify import SimplifyParams
@@ -37,6 +38,7 @@ class Params:
     quantize_qat: QuantizeQATParams = field(default_factory=QuantizeQATParams)
     detect: DetectParams = field(default_factory=DetectParams)
     runtime: RuntimeParams = field(default_factory=RuntimeParams)
+    resources: ResourcesParams = field(default_factory=ResourcesParams)
     evaluate: EvaluateParams = field(default_factory=EvaluateParams)
     bench: BenchParams = field(default_factory=BenchParams)
     gates: GatesParams = field(default_factory=GatesParams)

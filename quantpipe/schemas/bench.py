@@ -30,11 +30,16 @@ class BenchParams:
     # throughput mode, batches per configuration and round = runs // rounds.
     runs: int = 300
     rounds: int = 6
-    # Seconds one measurement (a batch size and thread count, or a stream configuration, with
-    # every model and runtime timed in it) may take: a model slow enough to need more at
-    # bench.runs is timed fewer times (at least 2 per round; the JSON records `runs`). A 64-px
-    # detector at batch 64 takes ~30 ms a run: 300 runs of 4 runners would be 36 s. null: no cap.
-    max_seconds: float | None = 5.0
+    # Seconds one variant's bench may spend timing: its latency and throughput measurements
+    # (warm-up included), kernel profile and memory probes. Each measurement takes an equal
+    # share of what is left (quantpipe.bench.TimeBudget); its runs and rounds follow from its
+    # first runs' cost: bench.runs in bench.rounds where they fit, else fewer, at least 3
+    # rounds of one run (the JSON records `runs` and each round's median, whose spread the
+    # speedups state). With 60 s the five variants of ResNet-50 at 224 px and its PyTorch
+    # baseline bench in about 10 minutes on 2 cores (each variant's fewest rounds at batch 64
+    # take more than its share); the 28 px default model gets its 300 runs within it. null: no
+    # limit.
+    seconds: float | None = 60.0
     # Runtimes that run every variant's ONNX file, by their names in quantpipe.runtimes.registry
     # (which checks them). onnxruntime is the reference (the summary's latency/speedup keys and
     # every parity check are its); the others are timed beside it in the same rounds, and the
@@ -55,8 +60,8 @@ class BenchParams:
               f"{POWERS!r} (1, 2, 4, ... below every core)")
         check(self.warmup >= 0, "bench.warmup", self.warmup, "an integer >= 0")
         check(self.rounds >= 1, "bench.rounds", self.rounds, "an integer >= 1")
-        check(self.max_seconds is None or self.max_seconds > 0, "bench.max_seconds",
-              self.max_seconds, "a number of seconds > 0, or null")
+        check(self.seconds is None or self.seconds > 0, "bench.seconds", self.seconds,
+              "a number of seconds > 0, or null")
         check(self.runs >= self.rounds, "bench.runs", self.runs, f"an integer >= bench.rounds ({self.rounds})")
         check(bool(self.runtimes) and len(set(self.runtimes)) == len(self.runtimes),
              "bench.runtimes", list(self.runtimes), "a non-empty list of distinct runtime names")

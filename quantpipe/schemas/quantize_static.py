@@ -81,7 +81,8 @@ class QuantizeStaticParams(isa.ReduceRange):
     # For NNCF, overflow_fix ENABLE (true) or NNCF's default (false: its first layer only).
     reduce_range: bool | str = isa.AUTO
     calibrate_method: CalibrationMethod = CalibrationMethod.MinMax
-    # Samples per calibration batch; Entropy/Percentile keep every batch's activations in memory.
+    # Samples per calibration batch (fewer where a batch would not fit resources.memory_mb);
+    # Entropy/Percentile keep every batch's activations, so they use the first batches that fit.
     calib_batch_size: int = 32
     nodes_to_exclude: tuple[str, ...] = ()
     # Empty means every op type ORT can quantize.
@@ -92,8 +93,6 @@ class QuantizeStaticParams(isa.ReduceRange):
     # candidate, the full range, so Entropy would equal MinMax).
     calib_num_bins: int = 2048
     calib_num_quantized_bins: int = 128
-    # Calibration memory budget (MiB) for intermediate activations; see quant.calibration_plan.
-    calib_memory_mb: int = 2048
     # Accuracy-aware fallback: while the drop is real (quantpipe.criterion: the task's validation
     # score drops by more than max_drop_pts points (accuracy in percentage points, mAP@[.5:.95]
     # and mIoU x 100), the flips are lopsided beyond chance at
@@ -132,8 +131,6 @@ class QuantizeStaticParams(isa.ReduceRange):
               self.calib_num_quantized_bins, "an integer >= 2")
         check(self.calib_num_bins > self.calib_num_quantized_bins, "quantize_static.calib_num_bins",
               self.calib_num_bins, f"an integer > calib_num_quantized_bins ({self.calib_num_quantized_bins})")
-        check(self.calib_memory_mb >= 16, "quantize_static.calib_memory_mb", self.calib_memory_mb,
-              "an integer >= 16 (MiB)")
         check(self.max_drop_pts is None or self.max_drop_pts >= 0, "quantize_static.max_drop_pts",
               self.max_drop_pts, "a number >= 0, or null (the task's)")
         check(0 < self.significance < 1, "quantize_static.significance", self.significance,

@@ -125,7 +125,8 @@ def pixel_loss(logits: torch.Tensor, masks: torch.Tensor,
 def train_segmenter(model: nn.Module, x_train, m_train, x_val, m_val, *, num_classes: int,
                     epochs: int, batch_size: int, lr: float, seed: int,
                     score_miou: Callable[[nn.Module], float], progress: bool = True,
-                    on_step: Callable[[nn.Module, int], None] | None = None) -> list[SegEpoch]:
+                    on_step: Callable[[nn.Module, int], None] | None = None,
+                    micro_batch: int | None = None) -> list[SegEpoch]:
     """AdamW with a one-cycle schedule on normalized (N, C, S, S) inputs and (N, S, S) masks,
     minimising class-weighted pixel cross-entropy (class_weights; the validation loss is
     unweighted);
@@ -151,4 +152,5 @@ def train_segmenter(model: nn.Module, x_train, m_train, x_val, m_val, *, num_cla
         return h
 
     return fit_epochs(model, len(x_train), batch_loss, end_epoch, epochs=epochs,
-                      batch_size=batch_size, lr=lr, seed=seed, on_step=on_step)
+                      batch_size=batch_size, lr=lr, seed=seed, on_step=on_step,
+                      micro_batch=micro_batch)

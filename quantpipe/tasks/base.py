@@ -115,6 +115,12 @@ class TaskSpec:
         raise NotImplementedError
 
     @classmethod
+    def drop_noise(cls, entry: dict, gates) -> str | None:
+        """Why a summary row's drop over its gate is noise (then it passes, with a note), or
+        None: the task has no test of it."""
+        return None
+
+    @classmethod
     def tolerance_notes(cls, summary: dict, gates, quantized: list[str]) -> list[str]:
         """report.md notes for drops within the gate that still want a look."""
         return []
@@ -153,13 +159,17 @@ class Task(TaskSpec):
 
     # --- train --------------------------------------------------------------------------
     def fit(self, model, x_train, train: Split, x_val, val: Split, *, epochs: int,
-            batch_size: int, lr: float, max_shift: int, seed: int, on_step=None) -> list:
+            batch_size: int, lr: float, max_shift: int, seed: int, on_step=None,
+            plan=None) -> list:
         """Train `model` on its task's loss; on_step(model, step) after each optimizer step
-        (QAT freezes ranges and BatchNorm with it); returns the per-epoch history."""
+        (QAT freezes ranges and BatchNorm with it); `plan` (a quantpipe.budget.TrainingPlan):
+        the memory budget's micro-batches (gradients accumulated to batch_size) and validation
+        batch. Returns the per-epoch history."""
         raise NotImplementedError
 
-    def torch_scores(self, model, x, split: Split) -> dict:
-        """A PyTorch model's scores on a split (train's checkpoint scores)."""
+    def torch_scores(self, model, x, split: Split, batch_size: int = 256) -> dict:
+        """A PyTorch model's scores on a split (train's checkpoint scores), batch_size samples
+        per pass."""
         raise NotImplementedError
 
     # --- outputs ------------------------------------------------------------------------

@@ -35,15 +35,16 @@ class Classification(ClassificationSpec, Task):
                 "mobilenet_v2")
 
     def fit(self, model, x_train, train, x_val, val, *, epochs, batch_size, lr, max_shift, seed,
-            on_step=None):
+            on_step=None, plan=None):
         from quantpipe import models
         return models.train_model(model, x_train, train.y, x_val, val.y, epochs=epochs,
                                   batch_size=batch_size, lr=lr, max_shift=max_shift, seed=seed,
-                                  on_step=on_step)
+                                  on_step=on_step, micro_batch=plan and plan.micro_batch,
+                                  eval_batch=plan.eval_batch if plan else 256)
 
-    def torch_scores(self, model, x, split) -> dict:
+    def torch_scores(self, model, x, split, batch_size=256) -> dict:
         from quantpipe import models
-        return models.score_classifier(model, x, split.y)
+        return models.score_classifier(model, x, split.y, batch_size)
 
     def check_output(self, out: np.ndarray, where: str) -> None:
         onnxutil.check_logits(out, self.info.num_classes, where)
@@ -62,7 +63,8 @@ class Classification(ClassificationSpec, Task):
 
     def evaluate(self, out, ref, pool_out, pool_ref, test, where) -> Evaluation:
         quality = evaluate.accuracy_metrics(out, ref, test.y, self.info.num_classes)
-        pool = criterion.compare(pool_out.argmax(1), pool_ref.argmax(1)).as_dict()
+        pool = criterion.compare(pool_out.argmax(1), pool_ref.argmax(1),
+                                 logits=(pool_out, pool_ref)).as_dict()
         line = (f"accuracy {quality['accuracy']:.4f}, agreement with fp32 "
                 f"{quality['agreement']:.4f} (flips {quality['fp32_right_int8_wrong']} lost, "
                 f"{quality['int8_right_fp32_wrong']} won; pool of {pool['samples']}: "
@@ -81,7 +83,8 @@ class Classification(ClassificationSpec, Task):
                                     val.y, max_drop_pp=p.max_drop_pts,
                                     significance=p.significance,
                                     min_pool_agreement=p.min_pool_agreement,
-                                    agreement_floor=p.agreement_floor)
+                                    agreement_floor=p.agreement_floor,
+                                    pool_logits=(pool_out, ref_pool_out))
 
         return StaticJudge(float((ref_val == val.y).mean()), ref_pool, check,
                            lambda out: out.argmax(1))

@@ -142,21 +142,21 @@ class Detection(DetectionSpec, Task):
         return models.DETECTORS
 
     def fit(self, model, x_train, train, x_val, val, *, epochs, batch_size, lr, max_shift, seed,
-            on_step=None):
+            on_step=None, plan=None):
         from quantpipe.detection.model import train_detector
 
         return train_detector(model, x_train, train.objects, x_val, val.objects, epochs=epochs,
                               batch_size=batch_size, lr=lr, seed=seed,
                               score_map_50=lambda m: self.torch_scores(m, x_val, val)["map_50"],
-                              on_step=on_step)
+                              on_step=on_step, micro_batch=plan and plan.micro_batch)
 
-    def torch_scores(self, model, x, split) -> dict:
+    def torch_scores(self, model, x, split, batch_size=256) -> dict:
         import torch
 
         from quantpipe import models
 
         with torch.no_grad():
-            out = models.predict_torch(model, x)
+            out = models.predict_torch(model, x, batch_size)
         return {"map_50": scored(out, split, self.info, self.detect)[0]["map_50"]}
 
     def check_output(self, out, where) -> None:

@@ -31,21 +31,22 @@ class Segmentation(SegmentationSpec, Task):
         return models.SEGMENTERS
 
     def fit(self, model, x_train, train, x_val, val, *, epochs, batch_size, lr, max_shift, seed,
-            on_step=None):
+            on_step=None, plan=None):
         from quantpipe.segmentation.model import train_segmenter
 
         return train_segmenter(model, x_train, train.masks, x_val, val.masks,
                                num_classes=self.info.num_classes, epochs=epochs,
                                batch_size=batch_size, lr=lr, seed=seed, on_step=on_step,
+                               micro_batch=plan and plan.micro_batch,
                                score_miou=lambda m: self.torch_scores(m, x_val, val)["miou"])
 
-    def torch_scores(self, model, x, split) -> dict:
+    def torch_scores(self, model, x, split, batch_size=256) -> dict:
         import torch
 
         from quantpipe import models
 
         with torch.no_grad():
-            return self.test_scores(models.predict_torch(model, x), split)
+            return self.test_scores(models.predict_torch(model, x, batch_size), split)
 
     def check_output(self, out, where) -> None:
         k, s = self.info.num_classes, self.info.image_size
