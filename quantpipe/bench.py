@@ -403,12 +403,12 @@ def best_configuration(grid: dict[str, dict[str, dict[tuple[str, str], Latency]]
             spread = best_speedup_range(row["baseline"], row)
             if spread:
                 row["speedup_range"] = spread
-    for row in latency.values():  # lists stay out of what the summary copies (DVC drops them)
-        row.pop("round_p50_ms", None)
-        row.get("baseline", {}).pop("round_p50_ms", None)
         if throughput is not None:
             throughput["baseline"] = _most(ips, baseline, baseline_runtimes)
             throughput["speedup"] = round(throughput["ips"] / throughput["baseline"]["ips"], 4)
+    for row in latency.values():  # lists stay out of what the summary copies (DVC drops them)
+        row.pop("round_p50_ms", None)
+        row.get("baseline", {}).pop("round_p50_ms", None)
     return {"latency": latency, **({"throughput": throughput} if throughput else {})}
 
 

@@ -161,7 +161,10 @@ def test_a_grown_size_ratio_and_a_gate_that_held_then_fail(tmp_path):
     gates = GatesParams()
     assert not gate_failures(SUMMARY, gates)
     drop = SUMMARY["static"]["accuracy_drop_pp"] + 1.5
-    write_metrics(repo, changed(**{"fp32.accuracy": lambda v: v + 0.015, "static.accuracy_drop_pp": drop}))
+    # 15 of the 1,000 test images FP32-right and INT8-wrong, none back: a real drop (McNemar).
+    write_metrics(repo, changed(**{"fp32.accuracy": lambda v: v + 0.015, "static.accuracy_drop_pp": drop,
+                                   "static.mcnemar_p": 3e-5,
+                                   "static.test_flips": {"lost": 15, "won": 0}}))
     done = run_gate(repo)
     assert done.returncode == 1
     breach, = [line for line in done.stdout.splitlines() if line.startswith("- report gate")]
