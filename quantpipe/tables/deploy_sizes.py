@@ -20,8 +20,8 @@ PEERS = {"fp32@onnxruntime": "FP32, ONNX Runtime", "fp32@openvino": "FP32, OpenV
 def _cell(c: dict | None) -> str:
     if c is None:
         return "—"
-    ms = c["p50_ms"]
-    text = f"{ms:.3g} ms" if ms < 100 else f"{ms:,.0f} ms"
+    ms = c["p50_ms"]  # three significant digits, trailing zeros kept
+    text = f"{ms:#.3g} ms" if ms < 100 else f"{ms:,.0f} ms"
     return f"{text} (x{c['speedup']:.2f})"
 
 
